@@ -1,0 +1,43 @@
+# The two commands of the README: `make demo` and `make test`. Each sets itself up on a fresh
+# Debian machine (as root): a .venv with the CPU build of torch 2.13.0, DeepSpeed, Triton, the dev
+# tools, the shipped corpus' index files; the tests and the demo bring up their own local SLURM.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# CPU build for this machine; GPU clusters bring their own torch.
+TORCH_PIN := torch==2.13.0
+export DS_ACCELERATOR ?= cpu
+export PYTHONUNBUFFERED := 1
+
+.PHONY: demo test lint install data clean bench-cpu
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (python3 >= 3.10)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_PIN)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[train,kernels,dev]'
+	touch $(STAMP)
+
+data: $(STAMP)
+	$(PY) -m trainer.data.prepare_corpus
+
+test: $(STAMP) data
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+demo: $(STAMP) data
+	$(PY) -m orchestrator.demo
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check orchestrator
+
+bench-cpu: $(STAMP) data
+	$(PY) bench/run_cpu.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

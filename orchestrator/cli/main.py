@@ -1,0 +1,52 @@
+"""`runctl` entry point. Each command group lives in its own module with a `register(subparsers)`
+function; this file only wires them up and maps library errors to exit codes.
+
+Imports stay light (no torch; rich only when printing) so that `runctl --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from orchestrator.errors import EXIT_USAGE, RunctlError
+
+# Modules under orchestrator.cli that add subcommands, in --help order.
+COMMAND_MODULES = [
+    "plan_cmd",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="runctl",
+        description="Plan, submit, watch, kill and resume BLOOM-scale training runs on SLURM.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"orchestrator.cli.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except RunctlError as exc:
+        print(f"runctl {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except ValueError as exc:  # e.g. a ConfigError from the library
+        print(f"runctl {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Read a run config from YAML, validate it, and report every problem with its key path.
+
+`load_config` is the only entry point; every caller (CLI, trainer, tests) goes through it, so a
+config that would fail in the trainer fails on the login node first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .rules import cross_field_problems
+from .schema import RunConfig
+
+
+class ConfigError(ValueError):
+    """A config that must not reach sbatch. `problems` holds one message per problem."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source}: invalid run config ({len(problems)} problem(s)):\n{lines}")
+
+
+def _key_path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "(top level)"
+
+
+def _describe(error: dict[str, Any]) -> str:
+    """One line: the key path, the offending value and what is allowed."""
+    loc = tuple(x for x in error.get("loc", ()) if not (isinstance(x, str) and x.startswith("function-")))
+    # pydantic adds the union member / constraint name to loc for some errors; keep real keys only.
+    loc = tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in {"constrained-str"})))
+    path = _key_path(loc)
+    kind = error.get("type", "")
+    value = error.get("input")
+    if kind == "extra_forbidden":
+        return f"{path}: unknown key (check the spelling; see configs/bloom-176b.yaml for every key)"
+    if kind == "missing":
+        return f"{path}: required key is missing"
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    message = error.get("msg", "invalid value")
+    if kind == "string_pattern_mismatch":
+        pattern = (error.get("ctx") or {}).get("pattern", "")
+        message = f"contains characters that are not allowed (allowed: {pattern})"
+    return f"{path} = {shown}: {message}"
+
+
+def parse_config(data: Any, source: str = "<config>") -> RunConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"the top level must be a mapping of sections, got {type(data).__name__}"])
+    for key in data:
+        if not isinstance(key, str):
+            raise ConfigError(source, [f"top-level key {key!r} is not a string"])
+    try:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = sorted({_describe(e) for e in exc.errors(include_url=False)})
+        raise ConfigError(source, problems) from None
+    problems = cross_field_problems(cfg)
+    if problems:
+        raise ConfigError(source, problems)
+    return cfg
+
+
+def load_yaml(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(path), ["file not found: give the path of a run config (see configs/)"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), [f"cannot read the file: {exc}"]) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Load and validate; relative data and tokenizer paths are made absolute against the config
+    file's folder, so that the frozen run.yaml works from any directory on any node."""
+    cfg = parse_config(load_yaml(path), source=str(path))
+    return resolve_paths(cfg, Path(path).resolve().parent)
+
+
+def resolve_paths(cfg: RunConfig, base_dir: Path) -> RunConfig:
+    def absolute(value: str) -> str:
+        candidate = Path(value).expanduser()
+        return str(candidate if candidate.is_absolute() else (base_dir / candidate).resolve())
+
+    datasets = [d.model_copy(update={"path": absolute(d.path)}) for d in cfg.data.datasets]
+    data = cfg.data.model_copy(update={"datasets": datasets, "tokenizer": absolute(cfg.data.tokenizer)})
+    return cfg.model_copy(update={"data": data})
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """The frozen form written to <run_dir>/run.yaml; load_config reads it back unchanged."""
+    return yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=False), sort_keys=False)

@@ -1,0 +1,287 @@
+"""Typed sections of a run config. One YAML file describes one run.
+
+Field-level checks live here (types, ranges, safe characters for anything that reaches an sbatch
+script). Rules that relate several fields (tp*pp*dp == GPUs, ...) live in `rules.py`, once.
+Key names `cluster.nodes`, `cluster.gpus_per_node`, `parallel.tp`, `parallel.pp`, `parallel.dp`
+are read by other tools: do not rename them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+# Values that end up on #SBATCH lines or in `export` lines of a shell script. They are also
+# quoted when rendered; the pattern makes a hostile value an error before any rendering.
+SAFE_WORD = r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$"
+SAFE_PATH = r"^[A-Za-z0-9_./+\-~][A-Za-z0-9_./+\-=:@]*$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+SLURM_TIME = r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$"
+SLURM_NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_\-]*(\[[0-9,\-]+\])?$"
+
+SafeWord = Annotated[str, StringConstraints(pattern=SAFE_WORD, max_length=128)]
+SafePath = Annotated[str, StringConstraints(pattern=SAFE_PATH, max_length=1024)]
+NodeName = Annotated[str, StringConstraints(pattern=SLURM_NODE_NAME, max_length=128)]
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+Probability = Annotated[float, Field(ge=0, lt=1)]
+
+
+class Section(BaseModel):
+    """Unknown keys are errors: a typo must not silently fall back to a default on 384 GPUs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ClusterConfig(Section):
+    nodes: PositiveInt
+    gpus_per_node: PositiveInt
+    gpu_memory_gib: PositiveFloat = 80.0
+    gpu_peak_tflops: PositiveFloat = 312.0  # A100 bf16 dense
+    # Achieved model+recompute TFLOPs per GPU that the planner assumes (BLOOM measured ~150).
+    achieved_tflops_per_gpu: PositiveFloat = 150.0
+    accelerator: Literal["cuda", "cpu"] = "cuda"
+    partition: SafeWord | None = None
+    account: SafeWord | None = None
+    qos: SafeWord | None = None
+    time_limit: Annotated[str, StringConstraints(pattern=SLURM_TIME)] = "100:00:00"
+    exclusive: bool = True
+    cpus_per_task: PositiveInt = 8
+    hint: Literal["nomultithread", "multithread", "compute_bound", "memory_bound"] | None = "nomultithread"
+    # Sent by SLURM this many seconds before the time limit; the trainer saves and exits on it.
+    pre_timeout_signal: Literal["USR1", "USR2", "TERM"] = "USR1"
+    pre_timeout_seconds: Annotated[int, Field(ge=0, le=86400)] = 600
+    # Extra `#SBATCH` options as key -> value, e.g. {constraint: a100, reservation: bloom}.
+    extra_sbatch: dict[Annotated[str, StringConstraints(pattern=r"^[a-z][a-z\-]*$")], SafeWord] = {}
+    env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], str] = {}
+    # The interpreter that runs `-m trainer` on the compute nodes (a venv's python, usually).
+    python: SafePath = "python3"
+    # Failures per GPU-hour drive the checkpoint-interval optimisation (BLOOM: 1-2 a week on 384 GPUs).
+    gpu_mtbf_hours: PositiveFloat = 50000.0
+
+    @field_validator("env")
+    @classmethod
+    def _env_values_printable(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not isinstance(value, str):
+                raise ValueError(f"env.{name}: value must be a string (quote it in YAML), got {value!r}")
+            if any(ch in value for ch in "\n\r\x00"):
+                raise ValueError(f"env.{name}: value must be one line without NUL or newline, got {value!r}")
+        return env
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class ModelConfig(Section):
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    seq_length: PositiveInt
+    vocab_size: PositiveInt  # the tokenizer's vocabulary
+    # Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by * tp so that the
+    # vocab-parallel embedding splits evenly. Given explicitly (BLOOM: 250880) it is checked.
+    padded_vocab_size: PositiveInt | None = None
+    make_vocab_size_divisible_by: PositiveInt = 128
+    ffn_hidden_size: PositiveInt | None = None  # default 4 * hidden_size
+    alibi: bool = True
+    embedding_layernorm: bool = True
+    tied_embeddings: Literal[True] = True
+    init_std: PositiveFloat = 0.02
+    layernorm_epsilon: PositiveFloat = 1e-5
+    dtype: Literal["bf16", "fp32"] = "bf16"
+    hidden_dropout: Probability = 0.0
+    attention_dropout: Probability = 0.0
+    # Which fused-kernel path the model uses; env BLOOM_KERNELS overrides.
+    kernels: Literal["auto", "reference", "triton"] = "auto"
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def padded_vocab(self, tp: int) -> int:
+        if self.padded_vocab_size is not None:
+            return self.padded_vocab_size
+        multiple = self.make_vocab_size_divisible_by * tp
+        return -(-self.vocab_size // multiple) * multiple
+
+
+class RampupConfig(Section):
+    """Megatron's --rampup-batch-size START INCREMENT SAMPLES."""
+
+    start: PositiveInt
+    increment: PositiveInt
+    samples: PositiveInt
+
+
+class ParallelConfig(Section):
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    dp: PositiveInt | None = None  # derived from the GPU count when omitted
+    micro_batch_size: PositiveInt = 1
+    global_batch_size: PositiveInt
+    rampup: RampupConfig | None = None
+    activation_checkpointing: bool = True
+    partition_method: Annotated[str, StringConstraints(pattern=r"^(parameters|uniform|type:[A-Za-z_|]+)$")] = (
+        "type:transformer|embedding"
+    )
+    zero_stage: Literal[1] = 1
+
+
+class OptimizerConfig(Section):
+    lr: PositiveFloat
+    min_lr: NonNegativeFloat = 0.0
+    adam_beta1: Probability = 0.9
+    adam_beta2: Probability = 0.999
+    adam_eps: PositiveFloat = 1e-8
+    weight_decay: NonNegativeFloat = 0.0
+    clip_grad: NonNegativeFloat = 1.0
+    warmup_samples: Annotated[int, Field(ge=0)] = 0
+    decay_samples: PositiveInt | None = None  # default: the training samples
+    decay_style: Literal["cosine", "linear", "constant"] = "cosine"
+    # BLOOM had to split optimizer groups: no flat fp32 buffer bigger than this many parameters.
+    max_group_params: PositiveInt = 1_000_000_000
+
+    @model_validator(mode="after")
+    def _min_lr_below_lr(self) -> OptimizerConfig:
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        return self
+
+
+class DatasetEntry(Section):
+    path: SafePath  # prefix of <path>.bin / <path>.idx, relative to the config file or absolute
+    weight: PositiveFloat = 1.0
+
+
+class DataConfig(Section):
+    datasets: list[DatasetEntry] = Field(min_length=1)
+    tokenizer: SafePath
+    split: Annotated[str, StringConstraints(pattern=r"^\d+(\.\d+)?(,\d+(\.\d+)?){0,2}$")] = "949,50,1"
+    train_samples: PositiveInt | None = None
+    train_tokens: PositiveInt | None = None
+    seed: int = 1234
+    eval_interval: PositiveInt = 1000
+    eval_iters: Annotated[int, Field(ge=0)] = 5
+    log_interval: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _exactly_one_length(self) -> DataConfig:
+        if (self.train_samples is None) == (self.train_tokens is None):
+            raise ValueError("give exactly one of train_samples or train_tokens")
+        return self
+
+
+class CheckpointConfig(Section):
+    # Relative paths are inside the run directory; the default is the contract's checkpoints/.
+    dir: SafePath = "checkpoints"
+    interval_hours: PositiveFloat | None = 3.0
+    interval_steps: PositiveInt | None = None
+    keep_last: PositiveInt = 5
+    # Megatron's --exit-duration-in-mins: stop and save this long after the job started.
+    exit_duration_minutes: PositiveFloat | None = None
+    # Expected save time, for the planner's Young/Daly interval (measured ones replace it).
+    save_seconds: PositiveFloat = 300.0
+
+    @model_validator(mode="after")
+    def _some_cadence(self) -> CheckpointConfig:
+        if self.interval_hours is None and self.interval_steps is None:
+            raise ValueError("set interval_hours and/or interval_steps: a run without checkpoints loses everything")
+        return self
+
+
+class WatchdogConfig(Section):
+    heartbeat_seconds: PositiveFloat = 10.0
+    poll_seconds: PositiveFloat = 5.0
+    # A rank whose beat is older than this is dead (crash, lost node).
+    dead_after_seconds: PositiveFloat = 60.0
+    # Floors of the per-phase no-progress timeouts; learned timeouts never go below them.
+    init_timeout_seconds: PositiveFloat = 1800.0
+    step_timeout_seconds: PositiveFloat = 600.0
+    checkpoint_timeout_seconds: PositiveFloat = 3600.0
+    eval_timeout_seconds: PositiveFloat = 1800.0
+    # Learned timeout = factor x the longest observed duration of that phase.
+    timeout_factor: Annotated[float, Field(ge=1.0)] = 5.0
+    max_restarts_without_progress: PositiveInt = 3
+    # Expected minutes from a failure to training again (detect + requeue + init): for the planner.
+    restart_minutes: PositiveFloat = 30.0
+
+
+class OperatorsConfig(Section):
+    group: SafeWord | None = None
+    users: list[SafeWord] = []
+
+
+class EmailConfig(Section):
+    smtp_host: SafeWord = "localhost"
+    smtp_port: Annotated[int, Field(gt=0, lt=65536)] = 25
+    sender: Annotated[str, StringConstraints(pattern=r"^[^\s@]+@[^\s@]+$")]
+    to: list[Annotated[str, StringConstraints(pattern=r"^[^\s@]+@[^\s@]+$")]] = Field(min_length=1)
+
+
+class NotificationsConfig(Section):
+    webhook: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
+    email: EmailConfig | None = None
+    events: list[Literal["failure", "hang", "restart", "kill", "crash_loop", "finish", "disk"]] = [
+        "failure",
+        "hang",
+        "restart",
+        "kill",
+        "crash_loop",
+        "finish",
+        "disk",
+    ]
+    timeout_seconds: PositiveFloat = 10.0
+
+
+class RunConfig(Section):
+    name: SafeWord
+    seed: int = 42
+    cluster: ClusterConfig
+    model: ModelConfig
+    parallel: ParallelConfig
+    optimizer: OptimizerConfig
+    data: DataConfig
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    watchdog: WatchdogConfig = WatchdogConfig()
+    operators: OperatorsConfig = OperatorsConfig()
+    notifications: NotificationsConfig = NotificationsConfig()
+
+    # Derived quantities: computed here once so that no caller re-derives them differently.
+    @property
+    def world_size(self) -> int:
+        return self.cluster.gpus
+
+    @property
+    def dp(self) -> int:
+        if self.parallel.dp is not None:
+            return self.parallel.dp
+        return max(1, self.world_size // (self.parallel.tp * self.parallel.pp))
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return self.model.padded_vocab(self.parallel.tp)
+
+    @property
+    def micro_batches(self) -> int:
+        """Gradient-accumulation steps = pipeline micro-batches at the full global batch."""
+        return self.parallel.global_batch_size // (self.parallel.micro_batch_size * self.dp)
+
+    @property
+    def train_samples(self) -> int:
+        if self.data.train_samples is not None:
+            return self.data.train_samples
+        assert self.data.train_tokens is not None
+        return -(-self.data.train_tokens // self.model.seq_length)
+
+    @property
+    def decay_samples(self) -> int:
+        return self.optimizer.decay_samples or self.train_samples
+

@@ -1,0 +1,303 @@
+"""Does a TP x PP x DP layout fit, how fast will it go, what will it cost, and how often to checkpoint.
+
+Pure arithmetic over a RunConfig (no torch), so it runs on a login node in milliseconds. The
+formulas, and where they come from:
+- parameters: BLOOM's architecture counted exactly (embedding, embedding LN, 12h^2 + 13h per
+  layer, final LN; the output projection is tied to the embedding);
+- FLOPs: Megatron-LM (Narayanan et al. 2021, eq. 3): 96 B s l h^2 (1 + s/6h + V/16lh) per
+  iteration with full activation recompute (hardware FLOPs), 72 B s l h^2 (...) without (model FLOPs);
+- activations: Korthikanti et al. 2022: s b h (10 + 24/t + 5 a s / (h t)) bytes per layer with TP
+  and no sequence parallelism; with full recompute only each layer's bf16 input is kept;
+- memory: bf16 weights (2 B), bf16 gradients (2 B), the fp32 gradient-accumulation buffer of the
+  BF16 optimizer (4 B), and the ZeRO-1-partitioned fp32 master copy + Adam moments (12 B / dp);
+- pipeline bubble: (pp - 1) / (m + pp - 1) for 1F1B with m micro-batches;
+- checkpoint interval: Young/Daly, tau = sqrt(2 delta M) for save time delta and job MTBF M; goodput
+  ~ 1 - delta/tau - (tau/2 + R)/M with restart time R.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from orchestrator.config import RunConfig
+
+GIB = 1024**3
+BYTES_BF16 = 2
+BYTES_FP32 = 4
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Memory of the GPUs of one pipeline stage (all TP ranks of a stage hold the same amount)."""
+
+    stage: int
+    transformer_layers: int
+    has_embedding: bool
+    parameters_per_gpu: int
+    weights_bf16_gib: float
+    grads_bf16_gib: float
+    grad_accum_fp32_gib: float
+    optimizer_states_gib: float  # fp32 master + Adam m, v, partitioned over dp (ZeRO-1)
+    activations_gib: float  # with the configured recompute setting
+    activations_no_recompute_gib: float
+    activations_recompute_gib: float
+    total_gib: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    parameters: int
+    gpus: int
+    tp: int
+    pp: int
+    dp: int
+    micro_batch_size: int
+    global_batch_size: int
+    micro_batches: int
+    tokens_per_iteration: int
+    model_flops_per_iteration: float
+    hardware_flops_per_iteration: float
+    achieved_tflops_per_gpu: float
+    seconds_per_iteration: float
+    train_samples: int
+    train_tokens: int
+    iterations: float
+    training_days: float
+    gpu_hours: float
+    bubble_fraction: float
+    stages: list[StageMemory]
+    max_memory_per_gpu_gib: float
+    gpu_memory_gib: float
+    checkpoint_bytes: int
+    checkpoint_interval_hours: float | None
+    optimal_checkpoint_interval_hours: float
+    job_mtbf_hours: float
+    expected_work_lost_per_failure_hours: float
+    expected_goodput: float
+    optimal_goodput: float
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def flat(self) -> dict[str, object]:
+        """The `--json` object: flat keys, no nested per-stage table (stages go under `stages`)."""
+        data = asdict(self)
+        data["stages"] = [asdict(s) for s in self.stages]
+        data["fits"] = self.fits
+        return data
+
+
+# ----------------------------------------------------------------------------- parameters
+def layer_parameters(h: int, ffn: int) -> int:
+    """One BLOOM block: LN (2h), fused QKV (3h^2 + 3h), dense (h^2 + h), LN (2h), MLP (2 h ffn + ffn + h)."""
+    return 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * ffn + ffn) + (ffn * h + h)
+
+
+def embedding_parameters(cfg: RunConfig) -> int:
+    m = cfg.model
+    return cfg.padded_vocab_size * m.hidden_size + (2 * m.hidden_size if m.embedding_layernorm else 0)
+
+
+def count_parameters(cfg: RunConfig) -> int:
+    m = cfg.model
+    final_ln = 2 * m.hidden_size
+    return embedding_parameters(cfg) + m.num_layers * layer_parameters(m.hidden_size, m.ffn_size) + final_ln
+
+
+def pipeline_partition(num_layers: int, pp: int) -> list[tuple[int, bool]]:
+    """(transformer layers, holds an embedding) per stage, as DeepSpeed's
+    `type:transformer|embedding` balances them: num_layers + 2 units (the tied embedding at both
+    ends) spread evenly, the embeddings on the first and last stage."""
+    if pp == 1:
+        return [(num_layers, True)]
+    units = num_layers + 2
+    # Balanced split like DeepSpeed's partition_balanced: sizes differ by at most one.
+    base, extra = divmod(units, pp)
+    sizes = [base + (1 if i < extra else 0) for i in range(pp)]
+    stages = []
+    for i, size in enumerate(sizes):
+        embeddings = int(i == 0) + int(i == pp - 1)
+        stages.append((size - embeddings, embeddings > 0))
+    return stages
+
+
+# ----------------------------------------------------------------------------- FLOPs
+def flops_per_iteration(cfg: RunConfig, global_batch: int | None = None, recompute: bool = True) -> float:
+    """Megatron's formula: 72 (model) or 96 (with full recompute) B s l h^2 (1 + s/6h + V/16lh)."""
+    m = cfg.model
+    batch = global_batch if global_batch is not None else cfg.parallel.global_batch_size
+    s, h, layers, vocab = m.seq_length, m.hidden_size, m.num_layers, cfg.padded_vocab_size
+    factor = 96 if recompute else 72
+    return factor * batch * s * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h))
+
+
+# ----------------------------------------------------------------------------- memory
+def activation_bytes_per_layer(cfg: RunConfig, recompute: bool) -> float:
+    """Bytes of activations one transformer layer keeps for one micro-batch on one TP rank."""
+    m, p = cfg.model, cfg.parallel
+    s, b, h, a, t = m.seq_length, p.micro_batch_size, m.hidden_size, m.num_attention_heads, p.tp
+    if recompute:
+        return BYTES_BF16 * s * b * h  # only the layer's input is checkpointed
+    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+
+
+def stage_memory(cfg: RunConfig) -> list[StageMemory]:
+    m, p = cfg.model, cfg.parallel
+    tp, pp, dp = p.tp, p.pp, cfg.dp
+    per_layer = layer_parameters(m.hidden_size, m.ffn_size)
+    embedding = embedding_parameters(cfg)
+    # 1F1B: stage i holds at most (pp - i) micro-batches in flight, never more than there are.
+    micro_batches = max(1, cfg.micro_batches)
+    logits_bytes = BYTES_FP32 * m.seq_length * p.micro_batch_size * cfg.padded_vocab_size / tp
+    stages = []
+    for index, (layers, has_embedding) in enumerate(pipeline_partition(m.num_layers, pp)):
+        params = layers * per_layer
+        if has_embedding:
+            params += embedding
+        if index == pp - 1:
+            params += 2 * m.hidden_size  # final LayerNorm
+        params_per_gpu = math.ceil(params / tp)
+        in_flight = min(pp - index, micro_batches)
+        full_layer = activation_bytes_per_layer(cfg, recompute=False)
+        kept = activation_bytes_per_layer(cfg, recompute=True)
+        extra = logits_bytes if index == pp - 1 else 0.0
+        no_recompute = layers * full_layer * in_flight + extra
+        # With recompute: every layer's input for every in-flight micro-batch, plus one layer's
+        # full activations while it is being recomputed for its backward pass.
+        with_recompute = layers * kept * in_flight + (full_layer if layers else 0.0) + extra
+        activations = with_recompute if p.activation_checkpointing else no_recompute
+        weights = BYTES_BF16 * params_per_gpu
+        grads = BYTES_BF16 * params_per_gpu
+        accum = BYTES_FP32 * params_per_gpu
+        optim = 3 * BYTES_FP32 * params_per_gpu / dp
+        total = weights + grads + accum + optim + activations
+        stages.append(
+            StageMemory(
+                stage=index,
+                transformer_layers=layers,
+                has_embedding=has_embedding,
+                parameters_per_gpu=params_per_gpu,
+                weights_bf16_gib=weights / GIB,
+                grads_bf16_gib=grads / GIB,
+                grad_accum_fp32_gib=accum / GIB,
+                optimizer_states_gib=optim / GIB,
+                activations_gib=activations / GIB,
+                activations_no_recompute_gib=no_recompute / GIB,
+                activations_recompute_gib=with_recompute / GIB,
+                total_gib=total / GIB,
+            )
+        )
+    return stages
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def checkpoint_bytes(parameters: int) -> int:
+    """A DeepSpeed checkpoint of this run: bf16 weights + fp32 master + Adam m and v."""
+    return parameters * (BYTES_BF16 + 3 * BYTES_FP32)
+
+
+def young_daly_interval_hours(save_seconds: float, job_mtbf_hours: float) -> float:
+    return math.sqrt(2 * (save_seconds / 3600) * job_mtbf_hours)
+
+
+def goodput(interval_hours: float, save_seconds: float, job_mtbf_hours: float, restart_hours: float) -> float:
+    """Fraction of wall time that is useful training: minus checkpoint saves, minus per failure the
+    work since the last checkpoint (tau/2 on average) and the restart time."""
+    save_hours = save_seconds / 3600
+    lost = save_hours / interval_hours + (interval_hours / 2 + restart_hours) / job_mtbf_hours
+    return max(0.0, 1.0 - lost)
+
+
+# ----------------------------------------------------------------------------- the plan
+def plan_run(
+    cfg: RunConfig,
+    achieved_tflops_per_gpu: float | None = None,
+    train_tokens: float | None = None,
+    gpu_mtbf_hours: float | None = None,
+    checkpoint_save_seconds: float | None = None,
+) -> Plan:
+    m, p, c = cfg.model, cfg.parallel, cfg.cluster
+    tflops = achieved_tflops_per_gpu or c.achieved_tflops_per_gpu
+    parameters = count_parameters(cfg)
+    tokens_per_iteration = p.global_batch_size * m.seq_length
+    hardware = flops_per_iteration(cfg, recompute=p.activation_checkpointing)
+    model = flops_per_iteration(cfg, recompute=False)
+    seconds = hardware / (c.gpus * tflops * 1e12)
+
+    if train_tokens is not None:
+        tokens = int(train_tokens)
+        samples = math.ceil(tokens / m.seq_length)
+    else:
+        samples = cfg.train_samples
+        tokens = samples * m.seq_length
+    # FLOPs are per sample, so the batch-size rampup does not change the total compute.
+    iterations = samples / p.global_batch_size
+    total_seconds = iterations * seconds
+    gpu_hours = total_seconds * c.gpus / 3600
+
+    stages = stage_memory(cfg)
+    max_memory = max(s.total_gib for s in stages)
+    m_batches = cfg.micro_batches
+    bubble = (p.pp - 1) / (m_batches + p.pp - 1) if m_batches > 0 else 1.0
+
+    mtbf_gpu = gpu_mtbf_hours or c.gpu_mtbf_hours
+    job_mtbf = mtbf_gpu / c.gpus
+    save_seconds = checkpoint_save_seconds or cfg.checkpoint.save_seconds
+    restart_hours = cfg.watchdog.restart_minutes / 60
+    optimal = young_daly_interval_hours(save_seconds, job_mtbf)
+    interval = cfg.checkpoint.interval_hours
+    if interval is None and cfg.checkpoint.interval_steps is not None:
+        interval = cfg.checkpoint.interval_steps * seconds / 3600
+    configured = interval if interval is not None else optimal
+
+    problems: list[str] = []
+    for stage in stages:
+        if stage.total_gib > c.gpu_memory_gib:
+            problems.append(
+                f"pipeline stage {stage.stage} needs {stage.total_gib:.1f} GiB per GPU "
+                f"(weights {stage.weights_bf16_gib:.1f} + grads {stage.grads_bf16_gib:.1f} + fp32 accum "
+                f"{stage.grad_accum_fp32_gib:.1f} + optimizer {stage.optimizer_states_gib:.1f} + activations "
+                f"{stage.activations_gib:.1f}) but a GPU has {c.gpu_memory_gib:g} GiB: raise tp or pp, "
+                "lower micro_batch_size, or enable activation_checkpointing"
+            )
+    if m_batches < p.pp:
+        problems.append(
+            f"only {m_batches} micro-batches per iteration for pp = {p.pp} stages: the pipeline never fills; "
+            "raise global_batch_size or lower micro_batch_size"
+        )
+
+    return Plan(
+        parameters=parameters,
+        gpus=c.gpus,
+        tp=p.tp,
+        pp=p.pp,
+        dp=cfg.dp,
+        micro_batch_size=p.micro_batch_size,
+        global_batch_size=p.global_batch_size,
+        micro_batches=m_batches,
+        tokens_per_iteration=tokens_per_iteration,
+        model_flops_per_iteration=model,
+        hardware_flops_per_iteration=hardware,
+        achieved_tflops_per_gpu=tflops,
+        seconds_per_iteration=seconds,
+        train_samples=samples,
+        train_tokens=tokens,
+        iterations=iterations,
+        training_days=total_seconds / 86400,
+        gpu_hours=gpu_hours,
+        bubble_fraction=bubble,
+        stages=stages,
+        max_memory_per_gpu_gib=max_memory,
+        gpu_memory_gib=c.gpu_memory_gib,
+        checkpoint_bytes=checkpoint_bytes(parameters),
+        checkpoint_interval_hours=interval,
+        optimal_checkpoint_interval_hours=optimal,
+        job_mtbf_hours=job_mtbf,
+        expected_work_lost_per_failure_hours=configured / 2 + restart_hours,
+        expected_goodput=goodput(configured, save_seconds, job_mtbf, restart_hours),
+        optimal_goodput=goodput(optimal, save_seconds, job_mtbf, restart_hours),
+        problems=problems,
+    )

@@ -1,0 +1,125 @@
+"""The scheduler interface the controller and the CLI program against.
+
+Two backends implement it: real SLURM (`sbatch`/`squeue`/`scontrol`/`scancel`/`sacct` on PATH or
+with SLURM_CONF) and the mocked SLURM (a state file, no daemons). SLURM's states map to ours in one
+table (`JobState.from_slurm`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+class JobState(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETING = "completing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    NODE_FAIL = "node_fail"
+    HELD = "held"
+    UNKNOWN = "unknown"  # not in squeue any more and no accounting to ask
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @classmethod
+    def from_slurm(cls, slurm_state: str) -> JobState:
+        key = slurm_state.strip().upper().split()[0].rstrip("+") if slurm_state.strip() else ""
+        try:
+            return SLURM_STATE_TABLE[key]
+        except KeyError:
+            raise ValueError(
+                f"unknown SLURM job state {slurm_state!r}: add it to SLURM_STATE_TABLE in orchestrator/slurm/base.py"
+            ) from None
+
+
+TERMINAL_STATES = {
+    JobState.COMPLETED,
+    JobState.FAILED,
+    JobState.CANCELLED,
+    JobState.TIMEOUT,
+    JobState.NODE_FAIL,
+}
+
+# The one table from SLURM's job states (long and short names) to ours.
+SLURM_STATE_TABLE: dict[str, JobState] = {
+    "PENDING": JobState.PENDING, "PD": JobState.PENDING,
+    "CONFIGURING": JobState.PENDING, "CF": JobState.PENDING,
+    "REQUEUED": JobState.PENDING, "RQ": JobState.PENDING,
+    "REQUEUE_HOLD": JobState.HELD, "RH": JobState.HELD,
+    "REQUEUE_FED": JobState.PENDING, "RF": JobState.PENDING,
+    "RESV_DEL_HOLD": JobState.HELD, "RD": JobState.HELD,
+    "RUNNING": JobState.RUNNING, "R": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING, "SI": JobState.RUNNING,
+    "STAGE_OUT": JobState.COMPLETING, "SO": JobState.COMPLETING,
+    "RESIZING": JobState.RUNNING, "RS": JobState.RUNNING,
+    "SUSPENDED": JobState.HELD, "S": JobState.HELD,
+    "STOPPED": JobState.HELD, "ST": JobState.HELD,
+    "COMPLETING": JobState.COMPLETING, "CG": JobState.COMPLETING,
+    "COMPLETED": JobState.COMPLETED, "CD": JobState.COMPLETED,
+    "FAILED": JobState.FAILED, "F": JobState.FAILED,
+    "BOOT_FAIL": JobState.FAILED, "BF": JobState.FAILED,
+    "DEADLINE": JobState.TIMEOUT, "DL": JobState.TIMEOUT,
+    "OUT_OF_MEMORY": JobState.FAILED, "OOM": JobState.FAILED,
+    "PREEMPTED": JobState.CANCELLED, "PR": JobState.CANCELLED,
+    "REVOKED": JobState.CANCELLED, "RV": JobState.CANCELLED,
+    "SPECIAL_EXIT": JobState.FAILED, "SE": JobState.FAILED,
+    "CANCELLED": JobState.CANCELLED, "CA": JobState.CANCELLED,
+    "TIMEOUT": JobState.TIMEOUT, "TO": JobState.TIMEOUT,
+    "NODE_FAIL": JobState.NODE_FAIL, "NF": JobState.NODE_FAIL,
+}  # fmt: skip
+
+
+@dataclass
+class JobInfo:
+    job_id: str
+    name: str
+    state: JobState
+    nodes: list[str] = field(default_factory=list)
+    exit_code: int | None = None  # the batch script's exit code, when known
+    signal: int | None = None
+    reason: str = ""
+    start_time: float | None = None
+    end_time: float | None = None
+    held: bool = False
+
+
+@dataclass
+class SubmitRequest:
+    script: Path  # the rendered batch script
+    job_name: str
+    dependency: str | None = None  # e.g. "singleton"
+    hold: bool = False
+    exclude: list[str] = field(default_factory=list)
+    extra_args: list[str] = field(default_factory=list)
+
+
+class Scheduler(Protocol):
+    """What the orchestrator needs from a batch scheduler. Every method raises
+    `orchestrator.errors.SchedulerError` (with the scheduler's own output) on failure."""
+
+    name: str
+
+    def submit(self, request: SubmitRequest) -> str:
+        """Submit and return the job id."""
+
+    def jobs(self, job_ids: list[str]) -> dict[str, JobInfo]:
+        """The state of each job; a job SLURM no longer knows maps to JobState.UNKNOWN unless
+        accounting can tell its end state."""
+
+    def cancel(self, job_ids: list[str], signal: str | None = None) -> None:
+        """scancel, optionally with a signal (then the job is signalled, not necessarily ended)."""
+
+    def hold(self, job_ids: list[str]) -> None: ...
+
+    def release(self, job_ids: list[str]) -> None: ...
+
+    def update_exclude(self, job_ids: list[str], exclude: list[str]) -> None:
+        """Change the excluded nodes of pending jobs (scontrol update ExcNodeList=...)."""
