@@ -23,7 +23,7 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 data: $(STAMP)
-	$(PY) -m trainer.data.prepare_corpus
+	$(PY) -m trainer.data.prepare_corpus --out data/corpus
 
 test: $(STAMP) data
 	$(PY) -m ruff check .

@@ -10,7 +10,14 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = REPO_ROOT / "configs"
+# Fixtures of the SLURM layer (local_cluster, slurm_scheduler, mock_slurm_dir).
+pytest_plugins = ["tests.fixtures_slurm"]
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# Without a GPU, Triton kernels can only run interpreted, and triton fixes compiled/interpreted at
+# its first import (transformers and deepspeed import it): decide before any test module loads.
+# See kernels/dispatch.py.
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 

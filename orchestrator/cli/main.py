@@ -15,6 +15,11 @@ from orchestrator.errors import EXIT_USAGE, RunctlError
 # Modules under orchestrator.cli that add subcommands, in --help order.
 COMMAND_MODULES = [
     "plan_cmd",
+    "submit_cmd",
+    "cluster_cmd",
+    "watch_cmd",
+    "kill_cmd",
+    "report_cmd",
 ]
 
 

@@ -103,7 +103,12 @@ def resolve_paths(cfg: RunConfig, base_dir: Path) -> RunConfig:
 
     datasets = [d.model_copy(update={"path": absolute(d.path)}) for d in cfg.data.datasets]
     data = cfg.data.model_copy(update={"datasets": datasets, "tokenizer": absolute(cfg.data.tokenizer)})
-    return cfg.model_copy(update={"data": data})
+    cluster = cfg.cluster
+    # `python: python3` is looked up on PATH on the compute node; a relative path with a slash
+    # (e.g. the checkout's ../.venv/bin/python) is a file next to the config.
+    if "/" in cluster.python:
+        cluster = cluster.model_copy(update={"python": absolute(cluster.python)})
+    return cfg.model_copy(update={"data": data, "cluster": cluster})
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -1,0 +1,29 @@
+"""bias + GeLU reference (tanh approximation), the definition the Triton kernel must match.
+
+The formula is transformers' `bloom_gelu_forward` (and Megatron's `bias_gelu`) constant for
+constant: 0.5 * z * (1 + tanh(0.79788456 * z * (1 + 0.044715 * z^2))), z = x + bias.
+It is evaluated in fp32 and rounded once to x.dtype (transformers evaluates it in the input dtype,
+so in bf16 the two differ by bf16 rounding only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+SQRT_2_OVER_PI = 0.79788456  # the constant BLOOM uses (rounded sqrt(2/pi))
+GELU_CUBIC = 0.044715
+
+
+def gelu_tanh_fp32(z: torch.Tensor) -> torch.Tensor:
+    return z * 0.5 * (1.0 + torch.tanh(SQRT_2_OVER_PI * z * (1.0 + GELU_CUBIC * z * z)))
+
+
+def gelu_tanh_grad_fp32(z: torch.Tensor) -> torch.Tensor:
+    """d gelu / dz, same expression as transformers' `bloom_gelu_back` (0.1070322243 = 3*0.044715*0.79788456)."""
+    t = torch.tanh(SQRT_2_OVER_PI * z * (1.0 + GELU_CUBIC * z * z))
+    return 0.5 * z * ((1.0 - t * t) * (SQRT_2_OVER_PI + 0.1070322243 * z * z)) + 0.5 * (1.0 + t)
+
+
+def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """x [..., h], bias [h] -> gelu(x + bias) [..., h] in x.dtype; differentiable by torch autograd."""
+    return gelu_tanh_fp32(x.float() + bias.float()).to(x.dtype)

@@ -1,0 +1,205 @@
+"""`runctl watch RUN_DIR`: run the controller of one run (foreground live view, `--detach` daemon,
+`--once` one pass), and `runctl events RUN_DIR`: read what it saw and did.
+
+Why a daemon on the login node and not a SLURM job: the controller exists to notice when SLURM
+jobs die or hang; a controller that is itself a SLURM job would need its own controller (and
+would queue behind the very allocation it watches). A detached process on the login node
+(double fork + setsid, pid file and log in the run directory) is restarted by cron or by hand
+(`runctl watch --detach` again is safe: the run lock refuses a second controller, and state.json
+lets a new one pick up where the last one stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from orchestrator.errors import EXIT_OK, RunBusyError, UsageError
+
+PID_FILE = "controller.pid"
+LOG_FILE = "controller.log"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    watch = subparsers.add_parser("watch", help="supervise a run: detect dead/hung ranks, restart, obey the kill switch")
+    watch.add_argument("run_dir", help="run directory (made by `runctl submit`)")
+    mode = watch.add_mutually_exclusive_group()
+    mode.add_argument("--detach", action="store_true", help="run in the background (pid and log in the run directory)")
+    mode.add_argument("--once", action="store_true", help="one supervision pass, then exit (tests, cron)")
+    watch.add_argument("--stay", action="store_true", help="keep watching after the run stops (wait for `runctl resume`)")
+    watch.add_argument("--plain", action="store_true", help="log lines instead of the live view")
+    watch.add_argument("--json", action="store_true", help="with --once: print the pass result as JSON")
+    watch.set_defaults(func=run_watch)
+
+    events = subparsers.add_parser("events", help="what the controller saw and did (events.jsonl), or the audit trail")
+    events.add_argument("run_dir", help="run directory")
+    events.add_argument("--last", type=int, default=20, metavar="N", help="the last N lines (default 20; 0: all)")
+    events.add_argument("--audit", action="store_true", help="show audit.jsonl (operator actions) instead")
+    events.add_argument("--json", action="store_true", help="one JSON object a line")
+    events.set_defaults(func=run_events)
+
+
+def scheduler_for_run(run_dir: Path):
+    """The backend the run was submitted with (from the submission ledger), else the default."""
+    from orchestrator.protocol import RunPaths, read_jsonl  # noqa: PLC0415
+    from orchestrator.slurm import BACKENDS, get_scheduler  # noqa: PLC0415
+
+    ledger = read_jsonl(RunPaths.of(run_dir).jobs / "submissions.jsonl")
+    name = ledger[-1].get("scheduler") if ledger else None
+    if os.environ.get("RUNCTL_SCHEDULER") or name not in BACKENDS:
+        name = None
+    return get_scheduler(name)
+
+
+def make_controller(run_dir: Path, scheduler=None):
+    from orchestrator.controller import Controller  # noqa: PLC0415
+    from orchestrator.runs import load_run_config  # noqa: PLC0415
+
+    cfg = load_run_config(run_dir)
+    return Controller(run_dir, cfg, scheduler or scheduler_for_run(run_dir))
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir).resolve()
+    if not (run_dir / "run.yaml").exists():
+        raise UsageError(f"{run_dir} is not a run directory (no run.yaml): give the directory `runctl submit` made")
+    if args.detach:
+        return detach(run_dir, stay=args.stay)
+    controller = make_controller(run_dir)
+    controller.start()
+    try:
+        if args.once:
+            result = controller.tick()
+            if args.json:
+                a = result.assessment
+                print(json.dumps({"status": result.status, "actions": result.actions,
+                                  "findings": [f.as_dict() for f in a.findings] if a else [],
+                                  "ranks_seen": a.ranks_seen if a else 0}))
+            else:
+                _print_dashboard(run_dir)
+            return EXIT_OK
+        if args.plain or not sys.stdout.isatty():
+            status = controller.run(on_pass=_plain_logger(run_dir), stay=args.stay)
+        else:
+            status = _live(controller, run_dir, args.stay)
+        print(f"run {controller.cfg.name}: {status}")
+        return EXIT_OK
+    finally:
+        controller.stop()
+
+
+def _plain_logger(run_dir: Path):
+    from orchestrator.protocol import RunPaths  # noqa: PLC0415
+
+    seen = {"n": len(RunPaths.of(run_dir).events.read_text().splitlines()) if RunPaths.of(run_dir).events.exists() else 0}
+
+    def on_pass(result) -> None:
+        from orchestrator.controller import read_events  # noqa: PLC0415
+
+        events = read_events(RunPaths.of(run_dir))
+        for event in events[seen["n"]:]:
+            detail = {k: v for k, v in event.items() if k not in ("time", "event")}
+            print(f"[watch] {event['event']}: {json.dumps(detail, default=str)[:200]}", flush=True)
+        seen["n"] = len(events)
+
+    return on_pass
+
+
+def _live(controller, run_dir: Path, stay: bool) -> str:
+    from rich.live import Live  # noqa: PLC0415
+
+    from orchestrator.dashboard import render_dashboard  # noqa: PLC0415
+
+    with Live(render_dashboard(run_dir), refresh_per_second=2, screen=False) as live:
+        return controller.run(on_pass=lambda _r: live.update(render_dashboard(run_dir)), stay=stay)
+
+
+def _print_dashboard(run_dir: Path) -> None:
+    from rich.console import Console  # noqa: PLC0415
+
+    from orchestrator.dashboard import render_dashboard  # noqa: PLC0415
+
+    Console().print(render_dashboard(run_dir))
+
+
+def detach(run_dir: Path, stay: bool = False) -> int:
+    """Double fork + setsid: the controller survives the login shell; pid/log in the run dir."""
+    from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
+
+    holder = lock_holder(run_dir)
+    if holder:
+        raise RunBusyError(f"a controller already watches {run_dir}: pid {holder.get('pid')} on {holder.get('host')}")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid > 0:  # the CLI: wait for the grandchild's pid, print it, return
+        os.close(write_end)
+        with os.fdopen(read_end) as pipe:
+            daemon_pid = pipe.read().strip()
+        os.waitpid(pid, 0)
+        print(f"controller for {run_dir.name} running as pid {daemon_pid}; log: {run_dir / LOG_FILE}; "
+              f"stop it with `kill {daemon_pid}`")
+        return EXIT_OK
+    os.close(read_end)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    log = os.open(run_dir / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.chdir("/")
+    (run_dir / PID_FILE).write_text(f"{os.getpid()}\n")
+    os.write(write_end, str(os.getpid()).encode())
+    os.close(write_end)
+    code = 1
+    try:
+        import logging  # noqa: PLC0415
+        import signal  # noqa: PLC0415
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        controller = make_controller(run_dir)
+        controller.start()
+        try:
+            status = controller.run(stay=stay)
+            print(f"run {controller.cfg.name}: {status}", flush=True)
+            code = 0
+        except KeyboardInterrupt:
+            print("controller stopped by SIGTERM", flush=True)
+            code = 0
+        finally:
+            controller.stop()
+    except Exception as exc:  # the log is the only place a daemon can say why it died
+        print(f"controller died: {type(exc).__name__}: {exc}", flush=True)
+    finally:
+        (run_dir / PID_FILE).unlink(missing_ok=True)
+        os._exit(code)
+
+
+def run_events(args: argparse.Namespace) -> int:
+    from orchestrator.protocol import RunPaths, read_jsonl  # noqa: PLC0415
+
+    paths = RunPaths.of(args.run_dir)
+    if not paths.config.exists():
+        raise UsageError(f"{paths.root} is not a run directory (no run.yaml)")
+    records = read_jsonl(paths.audit if args.audit else paths.events)
+    if args.last:
+        records = records[-args.last:]
+    import time  # noqa: PLC0415
+
+    for record in records:
+        if args.json:
+            print(json.dumps(record, sort_keys=True))
+            continue
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("time", 0)))
+        if args.audit:
+            verdict = "allowed" if record.get("allowed") else "REFUSED"
+            print(f"{stamp}  {record.get('user')}  {record.get('action')}  {verdict}  reason: {record.get('reason')}")
+        else:
+            detail = {k: v for k, v in record.items() if k not in ("time", "event")}
+            print(f"{stamp}  {record.get('event')}  {json.dumps(detail, default=str)}")
+    return EXIT_OK

@@ -1,0 +1,85 @@
+"""One controller per run: an fcntl lock on <run_dir>/controller.lock, held for the controller's
+lifetime. The kernel drops it when the process dies (even by SIGKILL), so a stale lock never
+blocks a restarted controller. The file also says who holds it, for the error message.
+
+fcntl locks work across nodes on GPFS and on NFSv4; on a filesystem without them, run the
+controller on one login node only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from orchestrator.errors import RunBusyError
+
+LOCK_NAME = "controller.lock"
+
+
+class ControllerLock:
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> ControllerLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunBusyError(
+                f"another controller is already watching {self.path.parent} ({holder}); "
+                "stop it first (its pid is in the lock file) or just read its view with `runctl status`"
+            ) from None
+        os.ftruncate(fd, 0)
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        os.write(fd, json.dumps(info).encode())
+        os.fsync(fd)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> ControllerLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"pid {data.get('pid')} on {data.get('host')}"
+    except (OSError, ValueError):
+        return "holder unknown"
+
+
+def lock_holder(run_dir: Path) -> dict | None:
+    """Who holds the lock now, or None when no controller is running (checked with a probe lock)."""
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                return json.loads(os.pread(fd, 4096, 0) or b"{}")
+            except ValueError:
+                return {}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

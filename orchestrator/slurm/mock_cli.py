@@ -1,0 +1,254 @@
+"""Command-line emulation of SLURM's tools over the mocked SLURM. NOT SLURM.
+
+python -m orchestrator.slurm.mock shim-dir DIR [--state STATE_DIR] [--execute]
+    write sbatch/squeue/scontrol/scancel/sacct/srun shims into DIR (put DIR first on PATH)
+python -m orchestrator.slurm.mock_cli {sbatch|squeue|scontrol|scancel|sacct|srun} ARGS...
+    what each shim runs; the output imitates SLURM 22.05 closely enough for
+    `SlurmScheduler` and for scripts that read `sbatch --parsable`, `squeue --json`,
+    `squeue -h -o FORMAT`, `scontrol show job -o`, `sacct -n -P -o ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from typing import Any
+
+from orchestrator.errors import SchedulerError
+
+from .hostlist import expand_hostlist
+from .mock import NOT_SLURM, MockSlurm, parse_sbatch_args, write_shims
+
+STATE_REASON_NONE = "None"
+
+
+def _iso(stamp: float) -> str:
+    if not stamp:
+        return "Unknown"
+    return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _exit_pair(raw: int) -> str:
+    return f"{(raw >> 8) & 0xFF}:{raw & 0x7F}"
+
+
+def _json_job(job: dict[str, Any]) -> dict[str, Any]:
+    """The fields of squeue --json (openapi v0.0.38, SLURM 22.05) that tools read."""
+    running = bool(job["start_time"])
+    return {
+        "job_id": int(job["job_id"]), "name": job["name"], "job_state": job["state"],
+        "state_reason": job["reason"], "exit_code": int(job["raw_exit"]), "derived_exit_code": 0,
+        "nodes": job["nodelist"] if running else "", "node_count": job["num_nodes"],
+        "dependency": job["dependency"], "excluded_nodes": job["exclude"],
+        "start_time": int(job["start_time"]), "end_time": int(job["end_time"]),
+        "submit_time": int(job["submit_time"]), "command": job["script"],
+        "current_working_directory": job["cwd"], "priority": 0 if job["held"] else 1,
+        "batch_host": job["nodelist"].split(",")[0].split("[")[0] if running else "",
+    }  # fmt: skip
+
+
+def _format_line(job: dict[str, Any], fmt: str) -> str:
+    short = {"PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD", "FAILED": "F", "CANCELLED": "CA", "TIMEOUT": "TO",
+             "COMPLETING": "CG", "NODE_FAIL": "NF"}  # fmt: skip
+    codes = {
+        "i": job["job_id"], "A": job["job_id"], "j": job["name"], "T": job["state"],
+        "t": short.get(job["state"], job["state"]), "N": job["nodelist"] if job["state"] != "PENDING" else "",
+        "r": job["reason"], "D": str(job["num_nodes"]), "u": os.environ.get("USER", "root"),
+    }  # fmt: skip
+    out, i = "", 0
+    while i < len(fmt):
+        if fmt[i] == "%" and i + 1 < len(fmt):
+            j = i + 1
+            while j < len(fmt) and (fmt[j].isdigit() or fmt[j] in ".-"):
+                j += 1
+            code = fmt[j] if j < len(fmt) else ""
+            if code not in codes:
+                raise SchedulerError(
+                    f"mock-slurm squeue: format code %{code} is not emulated (have {sorted(codes)})"
+                )
+            out += codes[code]
+            i = j + 1
+        else:
+            out += fmt[i]
+            i += 1
+    return out
+
+
+def cmd_sbatch(slurm: MockSlurm, argv: list[str]) -> int:
+    options = parse_sbatch_args(argv)
+    script = options.get("script")
+    if not script:
+        print(
+            "mock-slurm sbatch: error: give a batch script (stdin scripts are not emulated)", file=sys.stderr
+        )
+        return 1
+    try:
+        text = open(script).read()
+    except OSError as exc:
+        print(f"mock-slurm sbatch: error: Unable to open file {script}: {exc}", file=sys.stderr)
+        return 1
+    job_id = slurm.submit(parse_sbatch_args(argv, text), script)
+    print(job_id if "parsable" in options else f"Submitted batch job {job_id}")
+    return 0
+
+
+def cmd_squeue(slurm: MockSlurm, argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="squeue", add_help=False)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("-h", "--noheader", action="store_true")
+    parser.add_argument("-o", "--format", default="%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R")
+    parser.add_argument("-j", "--jobs", default=None)
+    parser.add_argument("-t", "--states", default=None)
+    parser.add_argument("-a", "--all", action="store_true")
+    parser.add_argument("--me", action="store_true")
+    args = parser.parse_args(argv)
+    ids = args.jobs.split(",") if args.jobs else None
+    jobs = slurm.observe(ids)
+    if args.json:
+        print(json.dumps({"meta": {"plugin": {"type": "openapi/v0.0.38"}, "mock": NOT_SLURM}, "errors": [],
+                          "jobs": [_json_job(j) for j in jobs]}, indent=2))  # fmt: skip
+        return 0
+    if args.states is None or args.states.lower() != "all":
+        jobs = [j for j in jobs if j["state"] in ("PENDING", "RUNNING", "COMPLETING")]
+    if not args.noheader:
+        print("JOBID NAME STATE NODELIST(REASON)")
+    for job in jobs:
+        print(_format_line(job, args.format.replace("%P", "mock").replace("%M", "0:00")))
+    return 0
+
+
+def cmd_scontrol(slurm: MockSlurm, argv: list[str]) -> int:
+    args = [a for a in argv if a not in ("-o", "--oneliner")]
+    if not args:
+        raise SchedulerError("mock-slurm scontrol: give a command")
+    verb, rest = args[0], args[1:]
+    if verb == "ping":
+        print("Slurmctld(primary) at mock is UP  (" + NOT_SLURM + ")")
+    elif verb == "show" and rest and rest[0] == "hostnames":
+        hostlist = rest[1] if len(rest) > 1 else os.environ.get("SLURM_JOB_NODELIST", "")
+        print("\n".join(expand_hostlist(hostlist)))
+    elif verb == "show" and rest and rest[0] == "node":
+        for name in expand_hostlist(rest[1]) if len(rest) > 1 else []:
+            print(
+                f"NodeName={name} Arch=x86_64 CoresPerSocket=1\n   NodeAddr=127.0.0.1 NodeHostName=localhost\n   State=IDLE Comment=mock"
+            )
+    elif verb == "show" and rest and rest[0] == "job":
+        for job in slurm.observe(rest[1:2] if len(rest) > 1 else None):
+            print(
+                f"JobId={job['job_id']} JobName={job['name']} JobState={job['state']} Reason={job['reason']} "
+                f"Dependency={job['dependency'] or '(null)'} ExitCode={_exit_pair(job['raw_exit'])} "
+                f"NodeList={job['nodelist'] if job['state'] != 'PENDING' else '(null)'} NumNodes={job['num_nodes']} "
+                f"ExcNodeList={job['exclude'] or '(null)'} StartTime={_iso(job['start_time'])} "
+                f"EndTime={_iso(job['end_time'])} Command={job['script']} WorkDir={job['cwd']}"
+            )
+    elif verb in ("hold", "release"):
+        ids = [i for arg in rest for i in arg.split(",") if i]
+        slurm.set_held(ids, verb == "hold")
+    elif verb == "update":
+        fields = dict(a.split("=", 1) for a in rest if "=" in a)
+        job_id = fields.pop("JobId", fields.pop("jobid", None))
+        if job_id is None:
+            raise SchedulerError("mock-slurm scontrol update: give JobId=")
+        slurm.update(job_id, fields)
+    else:
+        raise SchedulerError(f"mock-slurm scontrol: `{' '.join(argv)}` is not emulated")
+    return 0
+
+
+def cmd_scancel(slurm: MockSlurm, argv: list[str]) -> int:
+    signal, ids, i = None, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--signal="):
+            signal = arg.split("=", 1)[1]
+        elif arg in ("-s", "--signal"):
+            i += 1
+            signal = argv[i]
+        elif arg.startswith("-"):
+            pass  # --full, --batch, ...: recorded, not emulated
+        else:
+            ids += [x for x in arg.split(",") if x]
+        i += 1
+    slurm.cancel(ids, signal)
+    return 0
+
+
+def cmd_sacct(slurm: MockSlurm, argv: list[str]) -> int:
+    """The mock keeps accounting for every job: `sacct -n -P -X -j IDS -o FIELDS`."""
+    parser = argparse.ArgumentParser(prog="sacct", add_help=False)
+    parser.add_argument("-j", "--jobs", default=None)
+    parser.add_argument("-o", "--format", default="JobID,JobName,State,ExitCode")
+    for flag in ("-n", "--noheader", "-P", "--parsable2", "-X", "--allocations"):
+        parser.add_argument(flag, action="store_true")
+    args = parser.parse_args(argv)
+    jobs = slurm.observe(args.jobs.split(",") if args.jobs else None)
+    fields = args.format.split(",")
+    values = {
+        "jobid": lambda j: j["job_id"], "jobidraw": lambda j: j["job_id"], "jobname": lambda j: j["name"],
+        "state": lambda j: j["state"], "exitcode": lambda j: _exit_pair(j["raw_exit"]),
+        "nodelist": lambda j: j["nodelist"] if j["state"] != "PENDING" else "None assigned",
+        "start": lambda j: _iso(j["start_time"]), "end": lambda j: _iso(j["end_time"]),
+    }  # fmt: skip
+    for field in fields:
+        if field.lower() not in values:
+            raise SchedulerError(f"mock-slurm sacct: field {field} is not emulated (have {sorted(values)})")
+    for job in jobs:
+        print("|".join(str(values[f.lower()](job)) for f in fields))
+    return 0
+
+
+COMMANDS = {
+    "sbatch": cmd_sbatch,
+    "squeue": cmd_squeue,
+    "scontrol": cmd_scontrol,
+    "scancel": cmd_scancel,
+    "sacct": cmd_sacct,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    command, rest = argv[0], argv[1:]
+    if command == "shim-dir":
+        parser = argparse.ArgumentParser(prog="python -m orchestrator.slurm.mock shim-dir")
+        parser.add_argument("dir")
+        parser.add_argument(
+            "--state", default=None, help="mock state directory (default $RUNCTL_MOCK_SLURM_DIR)"
+        )
+        parser.add_argument("--execute", action="store_true", help="run batch scripts on this machine")
+        args = parser.parse_args(rest)
+        for path in write_shims(args.dir, args.state, execute=True if args.execute else None):
+            print(path)
+        print(f"{NOT_SLURM}. export PATH={os.path.abspath(args.dir)}:$PATH", file=sys.stderr)
+        return 0
+    if command == "srun":
+        from .mock_exec import srun_main
+
+        return srun_main(rest)
+    if command == "run-job":
+        from .mock_exec import run_job
+
+        return run_job(MockSlurm(), rest[0])
+    if command not in COMMANDS:
+        print(
+            f"mock-slurm: unknown command {command!r}; have {sorted(COMMANDS)} + srun, shim-dir",
+            file=sys.stderr,
+        )
+        return 2
+    slurm = MockSlurm()
+    slurm.record_command([command, *rest])
+    try:
+        return COMMANDS[command](slurm, rest)
+    except SchedulerError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Fixtures for controller tests: a run directory, a fake scheduler running fake trainer ranks,
+and a controller wired to both."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fakes import FakeScheduler, fake_submitter, make_config  # noqa: E402
+
+from orchestrator.config import dump_config  # noqa: E402
+from orchestrator.controller import Controller  # noqa: E402
+
+
+@pytest.fixture
+def run_env(tmp_path):
+    """Factory: (config overrides, fake trainer env) -> (cfg, scheduler, controller)."""
+    made: list[tuple[FakeScheduler, Controller]] = []
+
+    def build(trainer_env: dict | None = None, stack_wait: float = 1.0, **overrides):
+        cfg = make_config(**overrides)
+        run_dir = tmp_path / "run"
+        run_dir.mkdir(exist_ok=True)
+        (run_dir / "run.yaml").write_text(dump_config(cfg))
+        env = {"FAKE_STEPS": "20", "FAKE_STEP_SECONDS": "0.05", "FAKE_CKPT_EVERY": "5", "FAKE_BEAT": "0.1",
+               "OMP_NUM_THREADS": "1", **(trainer_env or {})}
+        scheduler = FakeScheduler(run_dir, cfg.world_size, env=env)
+        controller = Controller(run_dir, cfg, scheduler, submitter=fake_submitter(scheduler, cfg.name),
+                                stack_wait_seconds=stack_wait)
+        made.append((scheduler, controller))
+        return cfg, scheduler, controller
+
+    yield build
+    for scheduler, controller in made:
+        scheduler.shutdown()
+        controller.stop()
+
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")

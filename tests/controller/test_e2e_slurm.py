@@ -1,0 +1,261 @@
+"""The controller on the real local SLURM cluster with the real trainer (`python -m trainer`).
+
+The demo model (tp=2, pp=2) as 2 nodes x 2 ranks, so that the 4-node test cluster has spare
+nodes for the exclude list. Every run is 12 steps with checkpoints every 4 (TRAINER_MAX_STEPS).
+- a rank SIGKILLed after the step-8 checkpoint: srun ends the job, the controller restarts it
+  without that node, and the losses equal an uninterrupted run's;
+- a rank SIGSTOPped: its beat stops, the others hang in the collective; the controller asks for
+  stacks, cancels, excludes the node, restarts; same losses;
+- `runctl kill` by an operator who is another Unix user: the trainer saves and exits 17, no
+  restart; `runctl resume` continues from the kill checkpoint; same losses.
+Timings printed (failure -> detection -> first step after restart) are the real-cluster
+counterpart of bench/controller_latency.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from fakes import REPO
+
+from orchestrator.config import parse_config
+from orchestrator.config.load import resolve_paths
+from orchestrator.controller import Controller, read_events
+from orchestrator.controller.exclude import excluded_nodes
+from orchestrator.controller.state import RunStatus
+from orchestrator.protocol import RunPaths, read_jsonl
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+STEPS = 12
+
+
+def e2e_config(operators: dict | None = None):
+    data = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
+    data["cluster"].update(nodes=2, gpus_per_node=2, python=sys.executable)
+    corpus = REPO / "data" / "corpus"
+    if not (REPO / "data" / "corpus.idx").exists() and (REPO / "data" / "corpus" / "multilingual_text_document.idx").exists():
+        corpus = REPO / "data" / "corpus" / "multilingual_text_document"
+    data["data"]["datasets"] = [{"path": str(corpus), "weight": 1.0}]
+    data["checkpoint"].update(interval_steps=4)
+    data["watchdog"].update(heartbeat_seconds=0.5, poll_seconds=0.5, dead_after_seconds=4, step_timeout_seconds=20)
+    data["operators"] = operators or {"group": None, "users": []}
+    data["notifications"] = {"webhook": None, "email": None}
+    return resolve_paths(parse_config(data, source="e2e"), REPO / "configs")
+
+
+@pytest.fixture
+def e2e_run(local_cluster):
+    """Factory: a run directory (0755 under /tmp, readable by other users) + controller."""
+    from orchestrator.runs import prepare_run_dir
+    from orchestrator.slurm.real import SlurmScheduler
+
+    made = []
+
+    def build(operators: dict | None = None):
+        cfg = e2e_config(operators)
+        root = Path(tempfile.mkdtemp(prefix="rc-e2e-", dir="/tmp"))
+        os.chmod(root, 0o755)
+        prepare_run_dir(cfg, root / "run")
+        os.chmod(root / "run", 0o755)
+        env = {**local_cluster.slurm_env(), "TRAINER_MAX_STEPS": str(STEPS), "TRAINER_TENSORBOARD": "0",
+               "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        scheduler = SlurmScheduler(env=env)
+        ctl = Controller(root / "run", cfg, scheduler, stack_wait_seconds=4.0)
+        made.append((root, ctl))
+        return cfg, ctl
+
+    yield build
+    for root, ctl in made:
+        live = [j.job_id for j in ctl.state.live_jobs()]
+        if live:
+            ctl.scheduler.cancel(live)
+        ctl.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def drive(ctl: Controller, seconds: float, act=None, until=None) -> str:
+    """Supervise; `act(ctl)` runs after every pass (fault injection); stop when the run stops
+    or `until(ctl)` holds."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        status = ctl.tick().status
+        if act:
+            act(ctl)
+        if (until and until(ctl)) or (not until and status in RunStatus.STOPPED):
+            return status
+        time.sleep(ctl.cfg.watchdog.poll_seconds)
+    tail = "".join(p.read_text()[-3000:] for p in sorted(ctl.paths.jobs.glob("slurm-*.out"))[-1:])
+    raise AssertionError(f"not settled in {seconds} s: {ctl.state.status}\n{tail}")
+
+
+def beats_of_running_job(ctl: Controller) -> list[dict]:
+    running = [j.job_id for j in ctl.state.jobs if j.state == "running" and j.outcome is None]
+    out = []
+    for path in ctl.paths.heartbeats.glob("rank-*.json"):
+        try:
+            beat = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if running and str(beat["job_id"]) == running[0]:
+            out.append(beat)
+    return out
+
+
+def final_losses(paths: RunPaths) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in read_jsonl(paths.metrics) if m.get("loss") is not None}
+
+
+def inject_once(step: int, rank: int, sig: signal.Signals):
+    """After `step` is reached, send `sig` to the trainer process of `rank` (its pid is in its
+    heartbeat: the emulated nodes are all this machine)."""
+    done = {}
+
+    def act(ctl: Controller) -> None:
+        if done:
+            return
+        beats = {b["rank"]: b for b in beats_of_running_job(ctl)}
+        if rank in beats and beats[rank]["step"] >= step:
+            os.kill(beats[rank]["pid"], sig)
+            done.update(time=time.time(), job=beats[rank]["job_id"], pid=beats[rank]["pid"])
+            print(f"sent {sig.name} to rank {rank} (pid {beats[rank]['pid']}) at step {beats[rank]['step']}")
+
+    return act, done
+
+
+@pytest.fixture(scope="module")
+def reference_losses(local_cluster, tmp_path_factory):
+    """The same 12 steps, uninterrupted (computed once for the module)."""
+    from orchestrator.runs import prepare_run_dir, submit_job
+    from orchestrator.slurm.real import SlurmScheduler
+
+    cfg = e2e_config()
+    run = tmp_path_factory.mktemp("reference") / "run"
+    prepare_run_dir(cfg, run)
+    env = {**local_cluster.slurm_env(), "TRAINER_MAX_STEPS": str(STEPS), "TRAINER_TENSORBOARD": "0",
+           "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    scheduler = SlurmScheduler(env=env)
+    submit_job(run, cfg, scheduler, reason="reference")
+    ctl = Controller(run, cfg, scheduler)
+    ctl.start()
+    try:
+        t0 = time.monotonic()
+        assert drive(ctl, 180) == RunStatus.FINISHED
+        print(f"reference run: {time.monotonic() - t0:.1f} s")
+    finally:
+        ctl.stop()
+    losses = final_losses(RunPaths.of(run))
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    return losses
+
+
+def assert_same_losses(paths: RunPaths, reference: dict[int, float]) -> None:
+    losses = final_losses(paths)
+    assert sorted(losses) == sorted(reference)
+    err = max(abs(losses[s] - reference[s]) for s in reference)
+    print(f"max |loss - uninterrupted loss| over {len(reference)} steps: {err:.3e}")
+    assert err == 0.0, "resume must be exact"
+
+
+def print_incident(paths: RunPaths) -> dict:
+    events = read_events(paths)
+    failure = next(e for e in events if e["event"] == "failure")
+    first = next(e for e in events if e["event"] == "first_step_after_restart")
+    print(f"{failure['cause']}: detected {failure['detection_time'] - failure['failure_time']:.1f} s after the failure; "
+          f"first step after the restart {first['seconds_since_failure']:.1f} s after the failure")
+    return failure
+
+
+def test_sigkilled_rank_restarted_without_its_node_same_losses(e2e_run, reference_losses):
+    cfg, ctl = e2e_run()
+    from orchestrator.runs import submit_job
+
+    submit_job(ctl.paths.root, cfg, ctl.scheduler, reason="initial")
+    ctl.start()
+    act, done = inject_once(9, 2, signal.SIGKILL)
+    assert drive(ctl, 200, act=act) == RunStatus.FINISHED
+    assert done, "the fault was never injected"
+    failure = print_incident(ctl.paths)
+    assert failure["cause"] == "job_failed" and "Killed" in (failure.get("srun_says") or "")
+    restart = next(e for e in read_events(ctl.paths) if e["event"] == "restart")
+    assert restart["resume_step"] == 8 and restart["excluded"] == [failure["host"]]
+    assert_same_losses(ctl.paths, reference_losses)
+
+
+def test_sigstopped_rank_detected_stacks_dumped_node_excluded(e2e_run, reference_losses):
+    cfg, ctl = e2e_run()
+    from orchestrator.runs import submit_job
+
+    submit_job(ctl.paths.root, cfg, ctl.scheduler, reason="initial")
+    ctl.start()
+    act, done = inject_once(6, 1, signal.SIGSTOP)
+    try:
+        assert drive(ctl, 200, act=act) == RunStatus.FINISHED
+    finally:
+        if done:
+            try:
+                os.kill(done["pid"], signal.SIGCONT)  # so that nothing stays frozen if the test failed
+            except ProcessLookupError:
+                pass
+    failure = print_incident(ctl.paths)
+    assert failure["cause"] == "dead_rank" and failure["ranks"][0]["rank"] == 1
+    assert failure["detection_time"] - done["time"] < cfg.watchdog.dead_after_seconds + 3
+    stacks = next(e for e in read_events(ctl.paths) if e["event"] == "stacks_dumped")
+    assert stacks["ranks_answered"] >= 3, stacks
+    assert "Thread" in (ctl.paths.stacks / "rank-00000.txt").read_text() or "thread" in (ctl.paths.stacks / "rank-00000.txt").read_text()
+    failed_job = ctl.state.job(failure["job_id"])
+    assert excluded_nodes(ctl.paths) == [failed_job.nodes[0]], "rank 1 ran on the job's first node (2 ranks per node)"
+    assert_same_losses(ctl.paths, reference_losses)
+
+
+def test_kill_by_another_operator_then_resume(e2e_run, reference_losses):
+    if not shutil.which("useradd"):
+        pytest.skip("needs useradd")
+    from test_operators import run_as
+
+    from orchestrator.runs import submit_job
+
+    tag = os.urandom(3).hex()
+    group, oncall = f"ops{tag}", f"oncall{tag}"
+    subprocess.run(["groupadd", group], check=True)
+    subprocess.run(["useradd", "-M", "-N", "-G", group, oncall], check=True)
+    try:
+        cfg, ctl = e2e_run(operators={"group": group, "users": []})
+        submit_job(ctl.paths.root, cfg, ctl.scheduler, reason="initial")
+        ctl.start()  # sets control/ to the operators' group
+        killed = {}
+
+        def kill_at_step_3(c: Controller) -> None:
+            if killed:
+                return
+            if any(b["step"] >= 3 for b in beats_of_running_job(c)):
+                rc, out = run_as(oncall, ["kill", str(c.paths.root), "--reason", "e2e: loss spike"])
+                assert rc == 0, out
+                killed["time"] = time.time()
+
+        assert drive(ctl, 150, act=kill_at_step_3) == RunStatus.KILLED
+        ended = [e for e in read_events(ctl.paths) if e["event"] == "job_ended"]
+        assert ended[-1]["exit_code"] == 17 and ended[-1]["outcome"] == "killed"
+        assert not [e for e in read_events(ctl.paths) if e["event"] == "restart"]
+        kill_step = max(int(p.name.split("_")[1]) for p in ctl.paths.checkpoints.glob("step_*"))
+        assert 3 <= kill_step < STEPS
+        audit = [json.loads(line) for line in ctl.paths.audit.read_text().splitlines()]
+        assert audit[-1]["user"] == oncall and audit[-1]["action"] == "kill" and audit[-1]["allowed"]
+
+        rc, out = run_as(oncall, ["resume", str(ctl.paths.root), "--reason", "e2e: spike understood"])
+        assert rc == 0, out
+        assert drive(ctl, 150) == RunStatus.FINISHED
+        assert any(e["event"] == "resumed" and e["by"] == oncall for e in read_events(ctl.paths))
+        assert_same_losses(ctl.paths, reference_losses)
+    finally:
+        subprocess.run(["userdel", oncall], check=False)
+        subprocess.run(["groupdel", group], check=False)

@@ -1,0 +1,105 @@
+"""`runctl submit/status/cancel` end to end against the mocked SLURM (scenario mode)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from orchestrator.cli.main import main
+from orchestrator.config import load_config
+from orchestrator.errors import EXIT_DOES_NOT_FIT, EXIT_USAGE
+from orchestrator.runs import job_table, submit_job
+from orchestrator.slurm.mock import MockScheduler
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "configs" / "demo-cpu-4node.yaml"
+BLOOM = REPO / "configs" / "bloom-176b.yaml"
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_dry_run_writes_run_dir_and_script_and_submits_nothing(mock_slurm_dir, tmp_path, capsys):
+    code, out, _ = run_cli(
+        capsys, "submit", str(BLOOM), "--run-dir", str(tmp_path / "bloom"), "--dry-run", "--json"
+    )
+    assert code == 0
+    result = json.loads(out)
+    script = Path(result["script"])
+    assert result["dry_run"] and result["job_ids"] == [] and script.exists()
+    assert "#SBATCH --nodes=48" in script.read_text()
+    run_dir = Path(result["run_dir"])
+    assert load_config(run_dir / "run.yaml").name == "tr11-176B-ml"
+    for folder in ("jobs", "control", "heartbeats", "checkpoints"):
+        assert (run_dir / folder).is_dir()
+    assert MockScheduler(mock_slurm_dir).slurm.commands() == [], "a dry run must not call sbatch"
+
+
+def test_chain_status_and_cancel(mock_slurm_dir, tmp_path, capsys):
+    run_dir = tmp_path / "demo"
+    code, out, _ = run_cli(capsys, "submit", str(DEMO), "--run-dir", str(run_dir), "--chain", "3", "--json")
+    assert code == 0
+    ids = json.loads(out)["job_ids"]
+    assert len(ids) == 3
+    sbatch_calls = [c for c in MockScheduler(mock_slurm_dir).slurm.commands() if c[0] == "sbatch"]
+    assert all("--dependency=singleton" in c for c in sbatch_calls) and len(sbatch_calls) == 3
+    for job_id in ids:
+        assert (run_dir / "jobs" / job_id / "job.sbatch").exists()
+    code, out, _ = run_cli(capsys, "status", str(run_dir), "--json")
+    rows = json.loads(out)["jobs"]
+    assert [r["job_id"] for r in rows] == ids and [r["state"] for r in rows] == ["pending"] * 3
+    assert [r["submit_reason"] for r in rows] == ["submit", "chain", "chain"]
+    code, out, _ = run_cli(capsys, "status", str(run_dir))  # the first job starts running
+    assert "running" in out and "Dependency" in out
+    code, out, _ = run_cli(capsys, "cancel", str(run_dir), "--json")
+    assert code == 0 and sorted(json.loads(out)["cancelled"]) == sorted(ids)
+    rows = job_table(run_dir, MockScheduler(mock_slurm_dir))
+    assert [r["state"] for r in rows] == ["cancelled"] * 3
+    code, out, _ = run_cli(capsys, "cancel", str(run_dir))
+    assert "nothing to cancel" in out
+
+
+def test_status_remembers_jobs_the_scheduler_forgot(mock_slurm_dir, tmp_path):
+    cfg = load_config(DEMO)
+    sched = MockScheduler(mock_slurm_dir)
+    from orchestrator.runs import prepare_run_dir
+
+    prepare_run_dir(cfg, tmp_path / "r")
+    sched.slurm.push_scenario([{"state": "RUNNING", "polls": 1}, {"state": "COMPLETED", "exit_code": 18}])
+    job = submit_job(tmp_path / "r", cfg, sched, reason="restart", exclude=["node03"])
+    job_table(tmp_path / "r", sched)
+    rows = job_table(tmp_path / "r", sched)
+    assert (rows[0]["state"], rows[0]["exit_code"], rows[0]["outcome"]) == ("completed", 18, "time_budget")
+    assert "#SBATCH --exclude=node03" in (tmp_path / "r" / "jobs" / job / "job.sbatch").read_text()
+    # a new, empty mock: SLURM has forgotten the job; the last seen state stays, marked stale
+    rows = job_table(tmp_path / "r", MockScheduler(tmp_path / "empty-mock"))
+    assert (rows[0]["state"], rows[0]["stale"]) == ("completed", True)
+
+
+def test_submit_refuses_a_config_the_planner_rejects(mock_slurm_dir, tmp_path, capsys):
+    data = yaml.safe_load(BLOOM.read_text())
+    data["cluster"]["gpu_memory_gib"] = 8
+    small = tmp_path / "small-gpus.yaml"
+    small.write_text(yaml.safe_dump(data))
+    code, _, err = run_cli(capsys, "submit", str(small), "--run-dir", str(tmp_path / "x"), "--dry-run")
+    assert code == EXIT_DOES_NOT_FIT and "does not fit" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_submit_refuses_bad_configs_and_foreign_run_dirs(mock_slurm_dir, tmp_path, capsys):
+    data = yaml.safe_load(DEMO.read_text())
+    data["cluster"]["partition"] = "debug;rm -rf /"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    code, _, err = run_cli(capsys, "submit", str(bad), "--dry-run", "--run-dir", str(tmp_path / "b"))
+    assert code == EXIT_USAGE and "cluster.partition" in err
+    run_cli(capsys, "submit", str(DEMO), "--dry-run", "--run-dir", str(tmp_path / "r"))
+    code, _, err = run_cli(capsys, "submit", str(BLOOM), "--dry-run", "--run-dir", str(tmp_path / "r"))
+    assert code == EXIT_USAGE and "already holds another config" in err
+    code, _, err = run_cli(capsys, "status", str(tmp_path / "nowhere"))
+    assert code == EXIT_USAGE and "not a run directory" in err

@@ -1,0 +1,116 @@
+"""`python -m trainer RUN_DIR`: one rank of a training run (started by srun, torchrun, or by hand).
+
+Reads RUN_DIR/run.yaml (the frozen config, `orchestrator.config.dump_config`), sets up
+torch.distributed from SLURM's variables (trainer.launch), trains, and exits with a code of
+`orchestrator.protocol.ExitCode`: FINISHED 0, FAILED 1 (any exception), KILLED 17 (kill switch,
+checkpoint saved), TIME_BUDGET 18 (exit duration / pre-timeout signal, checkpoint saved),
+CONFIG_ERROR 19 (run.yaml refused).
+
+Environment overrides (for tests, CI and the controller demo; none is needed in production):
+    TRAINER_MAX_STEPS=N            stop after global step N as if the data ended (save, exit 0)
+    TRAINER_STOP_AFTER_STEPS=N     run N steps in this process, save, exit TIME_BUDGET (18): a job
+                                   that reached its time limit; the next job resumes
+    TRAINER_JOB_START_TIME=EPOCH   when the job started (the sbatch script may export
+                                   `$(date +%s)`); checkpoint.exit_duration_minutes counts from
+                                   here. Default: this process's start.
+    TRAINER_STEP_DELAY_SECONDS=S   sleep S before every step (the demo: slow enough to watch)
+    TRAINER_TENSORBOARD=0          no TensorBoard event files (metrics.jsonl only)
+    TRAINER_JOB_ID=ID              job id for heartbeats when not under SLURM (default "local")
+    TRAINER_FAULT=...              TEST-ONLY fault injection, comma-separated KIND@stepN[:rankR]:
+                                     nan      the loss (hence every gradient) is NaN in step N:
+                                              the step must be skipped and logged
+                                     hang     sleep for ever before step N (beats, no progress)
+                                     crash    os._exit(1) before step N (no checkpoint)
+                                     sigkill  SIGKILL itself before step N
+                                     sigusr1  send itself SIGUSR1 (the pre-timeout signal)
+                                   e.g. TRAINER_FAULT=nan@step5  or  hang@step7:rank1
+    DS_ACCELERATOR=cpu             CPU + gloo (otherwise CUDA + NCCL, per cluster.accelerator)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+from orchestrator.protocol import ExitCode, Phase, RunPaths
+
+USAGE = "usage: python -m trainer RUN_DIR   (RUN_DIR/run.yaml is the frozen run config)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    process_start = time.time()
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print(__doc__ if argv[:1] in (["-h"], ["--help"]) else USAGE, file=sys.stderr)
+        return int(ExitCode.CONFIG_ERROR)
+    paths = RunPaths.of(argv[0])
+
+    from orchestrator.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(paths.config)
+    except ConfigError as exc:
+        print(f"[trainer] {exc}", file=sys.stderr)
+        return int(ExitCode.CONFIG_ERROR)
+
+    from trainer.launch import dist_env_from, init_distributed, shutdown_distributed
+    from trainer.loop import Overrides
+
+    try:
+        overrides = Overrides.from_env(os.environ)
+        dist = dist_env_from(os.environ)
+    except (ValueError, RuntimeError) as exc:
+        print(f"[trainer] {exc}", file=sys.stderr)
+        return int(ExitCode.CONFIG_ERROR)
+    if overrides.job_start_time is None:
+        overrides.job_start_time = process_start
+
+    from trainer.control import install_signal_flag
+    from trainer.heartbeat import HeartbeatWriter
+    from trainer.parallel.groups import LayoutError
+
+    install_signal_flag(cfg.cluster.pre_timeout_signal)  # now: SLURM may signal during a long init
+
+    heartbeat = HeartbeatWriter(paths, dist.rank, dist.world_size, dist.job_id, cfg.watchdog.heartbeat_seconds).start()
+    trainer = None
+    code = ExitCode.FAILED
+    try:
+        init_distributed(dist, "cpu" if os.environ.get("DS_ACCELERATOR") == "cpu" else cfg.cluster.accelerator)
+        import kernels
+
+        if hasattr(kernels, "set_kernel_path"):
+            kernels.set_kernel_path(cfg.model.kernels)
+        from trainer.loop import Trainer
+
+        try:
+            trainer = Trainer(cfg, paths, dist, overrides, heartbeat)  # validates schedules
+        except ValueError as exc:
+            raise LayoutError(str(exc)) from exc
+        trainer.build()
+        trainer.resume()
+        code = trainer.train()
+    except LayoutError as exc:  # the config cannot run on this job: a restart would fail the same way
+        print(f"[trainer rank {dist.rank}] config refused: {exc}", file=sys.stderr, flush=True)
+        code = ExitCode.CONFIG_ERROR
+    except Exception:
+        traceback.print_exc()
+        print(f"[trainer rank {dist.rank}] FAILED (exit {int(ExitCode.FAILED)})", file=sys.stderr, flush=True)
+        code = ExitCode.FAILED
+    finally:
+        if trainer is not None:
+            trainer.close()
+        heartbeat.note(exit_code=int(code), exit_reason=ExitCode.describe(int(code)))
+        heartbeat.stop(Phase.EXITING)
+    if code not in (ExitCode.FAILED, ExitCode.CONFIG_ERROR):
+        shutdown_distributed()  # after a failure, peers may be stuck: do not wait on them
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return int(code)
+
+
+if __name__ == "__main__":
+    # os._exit: DeepSpeed/gloo background threads must not turn a clean exit code into a hang.
+    rc = main()
+    os._exit(rc)

@@ -1,0 +1,289 @@
+"""Checkpoints under `checkpoints/step_NNNNNNN/`: DeepSpeed's files, ours, a MANIFEST, `latest`.
+
+Save (every rank calls it; collective):
+1. `engine.save_checkpoint(checkpoints/, tag=step_N, client_state=...)`: DeepSpeed's model and
+   optimizer files (bf16 weights, fp32 master partitions, Adam moments) plus our client state
+   (step, consumed samples, LR samples, rampup batch, schedule parameters).
+2. `rng/rank-NNNNN.pt` per rank: python/numpy/torch RNG states (differ per rank: dropout).
+3. barrier; the file list is hashed in parallel (file i by rank i % world), gathered on rank 0,
+   which writes MANIFEST.json (every file, size, sha256) LAST, atomically, then points `latest`
+   at the new checkpoint (atomic rename), then applies keep-last-N.
+
+A checkpoint without a MANIFEST is not a checkpoint (a save that died half way). Resume takes the
+newest `step_*` not newer than `latest` whose manifest verifies; a damaged one is skipped, reported
+on stderr and in `checkpoints/damaged.jsonl`, and never deleted. Cleanup deletes only complete,
+non-damaged checkpoints older than the newest `keep_last` complete ones, never the one `latest`
+names, so it can never delete the only good checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as tdist
+
+from orchestrator.protocol import (
+    CHECKPOINT_NAME_FORMAT,
+    MANIFEST_NAME,
+    RunPaths,
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+    read_jsonl,
+)
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+DAMAGED_LOG = "damaged.jsonl"
+CLIENT_STATE_KEY = "trainer"
+
+
+# -- helpers that work without torch.distributed too (tests, single process) --------------------
+def _world() -> tuple[int, int]:
+    if tdist.is_available() and tdist.is_initialized():
+        return tdist.get_rank(), tdist.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
+        tdist.barrier()
+
+
+def _gather_to_all(obj: Any) -> list[Any]:
+    rank, world = _world()
+    if world == 1:
+        return [obj]
+    out: list[Any] = [None] * world
+    tdist.all_gather_object(out, obj)
+    return out
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def list_files(ckpt_dir: Path) -> list[str]:
+    """Every file under the checkpoint, relative, sorted; the manifest itself excluded."""
+    return sorted(
+        str(p.relative_to(ckpt_dir)) for p in ckpt_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME
+    )
+
+
+def step_of(name: str) -> int | None:
+    match = STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
+# -- manifest --------------------------------------------------------------------------------
+def hash_files_shared(ckpt_dir: Path, files: list[str]) -> dict[str, dict[str, Any]]:
+    """Hash `files` with every rank taking its share; every rank returns the full table."""
+    rank, world = _world()
+    mine = {}
+    for rel in files[rank::world]:
+        path = ckpt_dir / rel
+        mine[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    table: dict[str, dict[str, Any]] = {}
+    for part in _gather_to_all(mine):
+        table.update(part)
+    return table
+
+
+def write_manifest(ckpt_dir: Path, entries: dict[str, dict[str, Any]], meta: dict[str, Any]) -> None:
+    manifest = {"version": 1, "created": time.time(), "files": entries, **meta}
+    atomic_write_json(ckpt_dir / MANIFEST_NAME, manifest)
+
+
+def verify_checkpoint(ckpt_dir: Path, shard: tuple[int, int] = (0, 1)) -> list[str]:
+    """Problems found (empty = good). `shard=(i, n)` checks every n-th file from i (parallel verify)."""
+    manifest = None
+    try:
+        manifest = read_json(ckpt_dir / MANIFEST_NAME)
+    except (OSError, ValueError) as exc:
+        return [f"{MANIFEST_NAME} unreadable: {exc}"]
+    if manifest is None:
+        return [f"no {MANIFEST_NAME} (the save did not finish)"]
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return [f"{MANIFEST_NAME} lists no files"]
+    problems = []
+    index, count = shard
+    for rel in sorted(files)[index::count]:
+        expected = files[rel]
+        path = ckpt_dir / rel
+        if not path.is_file():
+            problems.append(f"{rel}: missing")
+            continue
+        size = path.stat().st_size
+        if size != expected.get("size"):
+            problems.append(f"{rel}: size {size} != {expected.get('size')} in the manifest")
+            continue
+        if sha256_file(path) != expected.get("sha256"):
+            problems.append(f"{rel}: sha256 differs from the manifest")
+    return problems
+
+
+def verify_shared(ckpt_dir: Path) -> list[str]:
+    """Collective: each rank verifies its share of the files; every rank gets all problems."""
+    rank, world = _world()
+    problems = verify_checkpoint(ckpt_dir, shard=(rank, world))
+    merged: list[str] = []
+    for part in _gather_to_all(problems):
+        merged.extend(part)
+    return sorted(set(merged))
+
+
+# -- latest / listing ------------------------------------------------------------------------
+def read_latest(paths: RunPaths) -> str | None:
+    try:
+        name = paths.latest.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    return name or None
+
+
+def write_latest(paths: RunPaths, name: str) -> None:
+    atomic_write_text(paths.latest, name + "\n")
+
+
+def complete_checkpoints(paths: RunPaths) -> list[tuple[int, Path]]:
+    """(step, dir) of every step_* that has a manifest, oldest first."""
+    found = []
+    if paths.checkpoints.is_dir():
+        for child in paths.checkpoints.iterdir():
+            step = step_of(child.name)
+            if step is not None and child.is_dir() and (child / MANIFEST_NAME).exists():
+                found.append((step, child))
+    return sorted(found)
+
+
+def damaged_names(paths: RunPaths) -> set[str]:
+    return {r.get("checkpoint", "") for r in read_jsonl(paths.checkpoints / DAMAGED_LOG)}
+
+
+def report_damaged(paths: RunPaths, ckpt_dir: Path, problems: list[str], job_id: str) -> None:
+    print(f"[checkpoint] SKIPPING damaged checkpoint {ckpt_dir.name}: {'; '.join(problems[:5])}", file=sys.stderr,
+          flush=True)
+    append_jsonl(paths.checkpoints / DAMAGED_LOG, {
+        "checkpoint": ckpt_dir.name, "problems": problems[:20], "time": time.time(), "job_id": job_id,
+    })
+
+
+def find_resume_checkpoint(paths: RunPaths, job_id: str = "") -> Path | None:
+    """Newest complete checkpoint not newer than `latest` whose manifest verifies (collective)."""
+    rank, _ = _world()
+    # Rank 0's view for everyone: a lagging shared filesystem must not make ranks diverge.
+    latest, candidates = _gather_to_all((read_latest(paths), [(s, str(d)) for s, d in complete_checkpoints(paths)]))[0]
+    latest_step = step_of(latest) if latest else None
+    for step, ckpt_name in reversed(candidates):
+        ckpt_dir = Path(ckpt_name)
+        if latest_step is not None and step > latest_step:
+            continue  # its save died between MANIFEST and `latest`: not a checkpoint by the contract
+        problems = verify_shared(ckpt_dir)
+        if not problems:
+            return ckpt_dir
+        if rank == 0:
+            report_damaged(paths, ckpt_dir, problems, job_id)
+    return None
+
+
+# -- RNG ---------------------------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# -- save / load ------------------------------------------------------------------------------
+def save_checkpoint(engine, paths: RunPaths, step: int, client_state: dict[str, Any], keep_last: int,
+                    job_id: str = "", extra_client_state: dict[str, Any] | None = None) -> Path:
+    """Collective. Returns the checkpoint directory once MANIFEST and `latest` are written.
+    `extra_client_state` goes to DeepSpeed's client state at the top level (e.g. the universal
+    checkpoint info that ds_to_universal reads)."""
+    rank, world = _world()
+    tag = CHECKPOINT_NAME_FORMAT.format(step=step)
+    ckpt_dir = paths.checkpoint(step)
+    if rank == 0 and ckpt_dir.exists():
+        # A leftover of a save that died (no manifest), or a re-save of the same step after a
+        # resume: moved aside, not deleted (it may be what someone is debugging).
+        aside = ckpt_dir.with_name(f".replaced-{tag}-{int(time.time())}")
+        ckpt_dir.rename(aside)
+        print(f"[checkpoint] {tag} existed; moved to {aside.name}", file=sys.stderr, flush=True)
+    _barrier()
+    engine.save_checkpoint(str(paths.checkpoints), tag=tag, client_state={**(extra_client_state or {}), CLIENT_STATE_KEY: client_state},
+                           save_latest=False)
+    rng_dir = ckpt_dir / "rng"
+    rng_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(rng_state(), rng_dir / f"rank-{rank:05d}.pt")
+    _barrier()  # every rank's files are on disk
+    files = list_files(ckpt_dir)
+    files = _gather_to_all(files)[0]  # rank 0's listing is the one every rank hashes a share of
+    entries = hash_files_shared(ckpt_dir, files)
+    if rank == 0:
+        write_manifest(ckpt_dir, entries, {"step": step, "world_size": world, "job_id": job_id})
+        write_latest(paths, tag)
+        cleanup_old_checkpoints(paths, keep_last)
+    _barrier()
+    return ckpt_dir
+
+
+def load_checkpoint(engine, paths: RunPaths, ckpt_dir: Path) -> dict[str, Any]:
+    """Collective. Restores weights, fp32 master, Adam, engine counters and this rank's RNG;
+    returns our client state."""
+    rank, _ = _world()
+    load_path, client = engine.load_checkpoint(
+        str(ckpt_dir.parent), tag=ckpt_dir.name, load_optimizer_states=True, load_lr_scheduler_states=False
+    )
+    if load_path is None:
+        raise RuntimeError(f"DeepSpeed could not load {ckpt_dir}, although its manifest verified")
+    rng_file = ckpt_dir / "rng" / f"rank-{rank:05d}.pt"
+    if rng_file.exists():
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    else:
+        print(f"[checkpoint] no RNG state for rank {rank} in {ckpt_dir.name} (different world size?): "
+              "RNG streams restart from the seed", file=sys.stderr, flush=True)
+    return dict(client[CLIENT_STATE_KEY])
+
+
+def cleanup_old_checkpoints(paths: RunPaths, keep_last: int) -> list[str]:
+    """Delete complete, non-damaged checkpoints older than the newest `keep_last` complete ones;
+    never the one `latest` names. Rank 0 only. Returns the names deleted."""
+    complete = complete_checkpoints(paths)
+    keep = {d.name for _, d in complete[-max(1, keep_last):]}
+    protected = keep | damaged_names(paths)
+    latest = read_latest(paths)
+    if latest:
+        protected.add(latest)
+    deleted = []
+    for _, ckpt_dir in complete:
+        if ckpt_dir.name in protected:
+            continue
+        # Rename first so that a half-deleted directory never looks like a checkpoint.
+        doomed = ckpt_dir.with_name(f".deleting-{ckpt_dir.name}")
+        os.replace(ckpt_dir, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        deleted.append(ckpt_dir.name)
+    return deleted

@@ -1,0 +1,135 @@
+"""Decisions to stop or checkpoint, agreed by every rank before anyone acts.
+
+Three local observations, made each step by each rank:
+- the kill switch: `control/kill` exists (shared filesystem: ranks see it at slightly different
+  steps);
+- the time budget: `checkpoint.exit_duration_minutes` since the job started has passed, or SLURM's
+  pre-timeout signal (`cluster.pre_timeout_signal`, e.g. `--signal=USR1@600`) arrived; the signal
+  handler only sets a flag (nothing else is safe in a handler);
+- a time-based checkpoint is due (`checkpoint.interval_hours`): only rank 0's clock counts, so
+  that ranks with drifting clocks cannot disagree.
+
+They are packed into a small int tensor and all-reduced with MAX over the whole world: if any rank
+saw a flag, every rank acts on it at the same step, and a rank that did not see it yet cannot be
+left waiting in a collective the others skipped. The all-reduce is one 3-int collective per
+step, next to a step's gigabytes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from dataclasses import dataclass
+
+from orchestrator.protocol import KILL_REQUEST, RunPaths, read_json
+
+# Set by the pre-timeout signal handler; read by Controls. Module-level so that the handler can be
+# installed at process start (a signal during a long init must not kill the process).
+_signal_received: list[str] = []
+
+
+def install_signal_flag(name: str | None) -> None:
+    """Catch SIG<name> (e.g. USR1) by setting a flag; nothing else is safe in a handler."""
+    if not name:
+        return
+
+    def handler(received, _frame):
+        _signal_received.append(signal.Signals(received).name)
+
+    signal.signal(getattr(signal, f"SIG{name}"), handler)
+
+
+@dataclass(frozen=True)
+class Decision:
+    kill: bool = False
+    time_budget: bool = False
+    checkpoint_due: bool = False
+
+    @property
+    def stop(self) -> bool:
+        return self.kill or self.time_budget
+
+
+class Controls:
+    def __init__(
+        self,
+        paths: RunPaths,
+        rank: int,
+        job_start_time: float,
+        exit_duration_minutes: float | None,
+        checkpoint_interval_hours: float | None,
+        pre_timeout_signal: str | None,
+        device=None,
+    ):
+        self.paths = paths
+        self.rank = rank
+        self.job_start_time = job_start_time
+        self.exit_duration_minutes = exit_duration_minutes
+        self.checkpoint_interval_hours = checkpoint_interval_hours
+        self.device = device
+        self.last_checkpoint_time = time.time()
+        self.kill_request: dict | None = None
+        if pre_timeout_signal and signal.getsignal(getattr(signal, f"SIG{pre_timeout_signal}")) in (
+            signal.SIG_DFL, signal.SIG_IGN, None,
+        ):
+            install_signal_flag(pre_timeout_signal)
+
+    @property
+    def signal_received(self) -> str | None:
+        return _signal_received[0] if _signal_received else None
+
+    def checkpoint_saved(self) -> None:
+        self.last_checkpoint_time = time.time()
+
+    # -- local observations ------------------------------------------------------------------
+    def kill_requested(self) -> bool:
+        path = self.paths.control_request(KILL_REQUEST)
+        if not path.exists():
+            return False
+        try:
+            self.kill_request = read_json(path) or {}
+        except (OSError, json.JSONDecodeError):
+            self.kill_request = {}  # a kill file that is not JSON still means kill
+        return True
+
+    def time_budget_reached(self, now: float | None = None) -> bool:
+        if self.signal_received is not None:
+            return True
+        if self.exit_duration_minutes is None:
+            return False
+        now = time.time() if now is None else now
+        return now - self.job_start_time >= self.exit_duration_minutes * 60.0
+
+    def checkpoint_due(self, now: float | None = None) -> bool:
+        if self.rank != 0 or self.checkpoint_interval_hours is None:
+            return False
+        now = time.time() if now is None else now
+        return now - self.last_checkpoint_time >= self.checkpoint_interval_hours * 3600.0
+
+    def local_flags(self) -> list[int]:
+        return [int(self.kill_requested()), int(self.time_budget_reached()), int(self.checkpoint_due())]
+
+    # -- the agreement -----------------------------------------------------------------------
+    def agree(self, local: list[int] | None = None) -> Decision:
+        """Collective: every rank must call it at the same step."""
+        import torch
+        import torch.distributed as tdist
+
+        flags = torch.tensor(self.local_flags() if local is None else local, dtype=torch.int32, device=self.device)
+        if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
+            tdist.all_reduce(flags, op=tdist.ReduceOp.MAX)
+        kill, budget, due = (bool(v) for v in flags.tolist())
+        return Decision(kill=kill, time_budget=budget, checkpoint_due=due)
+
+    def describe_stop(self, decision: Decision) -> str:
+        if decision.kill:
+            request = self.kill_request or {}
+            who = request.get("user", "?")
+            why = request.get("reason", "")
+            return f"kill switch (by {who}: {why})" if request else "kill switch (seen by another rank)"
+        if self.signal_received:
+            return f"time budget: SLURM pre-timeout signal {self.signal_received}"
+        if decision.time_budget:
+            return f"time budget: exit_duration_minutes={self.exit_duration_minutes} reached (or seen by another rank)"
+        return "none"

@@ -1,0 +1,61 @@
+"""Micro-batches of sample indices for one data-parallel rank, resumable from consumed_samples.
+
+Like Megatron's `MegatronPretrainingSampler`: the samples are read in index order (the dataset's
+shuffle_idx already randomises them); every micro-step takes the next micro_batch_size * dp_size
+samples and rank r gets slice [r*mbs, (r+1)*mbs) of them. A training step of global batch size
+G = mbs * dp * accumulation consumes G samples, i.e. `accumulation` micro-steps, so the stream
+does not depend on how samples are grouped into steps: when the global batch size ramps up, the
+trainer just draws more micro-batches per step, and `consumed_samples` (the sum of the global
+batch sizes so far, saved in the checkpoint) is always where the next micro-step starts. Resuming
+with a new sampler at that value continues the stream exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+
+class MegatronPretrainingSampler:
+    def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int,
+                 dp_rank: int, dp_size: int, drop_last: bool = True) -> None:
+        if total_samples <= 0:
+            raise ValueError(f"no samples to iterate over (total_samples={total_samples})")
+        if micro_batch_size <= 0 or dp_size <= 0:
+            raise ValueError(f"micro_batch_size ({micro_batch_size}) and dp_size ({dp_size}) must be > 0")
+        if not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank {dp_rank} is not in [0, dp_size={dp_size})")
+        if not 0 <= consumed_samples <= total_samples:
+            raise ValueError(
+                f"consumed_samples {consumed_samples} is outside the dataset's {total_samples} samples: the "
+                f"checkpoint is from a run with more training samples; raise train_samples"
+            )
+        if consumed_samples % (micro_batch_size * dp_size):
+            raise ValueError(
+                f"consumed_samples {consumed_samples} is not a multiple of micro_batch_size*dp_size = "
+                f"{micro_batch_size}*{dp_size}: global batch sizes must be multiples of it"
+            )
+        self.total_samples, self.consumed_samples = total_samples, consumed_samples
+        self.micro_batch_size, self.dp_rank, self.dp_size = micro_batch_size, dp_rank, dp_size
+        self.drop_last = drop_last
+
+    @property
+    def samples_per_micro_step(self) -> int:
+        return self.micro_batch_size * self.dp_size
+
+    def __len__(self) -> int:
+        """Micro-batches this rank will still yield."""
+        remaining = self.total_samples - self.consumed_samples
+        full, rest = divmod(remaining, self.samples_per_micro_step)
+        return full + int(rest > self.dp_rank * self.micro_batch_size and not self.drop_last)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.samples_per_micro_step
+        first = self.dp_rank * self.micro_batch_size
+        for start in range(self.consumed_samples, self.total_samples - step + 1, step):
+            yield list(range(start + first, start + first + self.micro_batch_size))
+        tail_start = self.consumed_samples + ((self.total_samples - self.consumed_samples) // step) * step
+        if not self.drop_last and tail_start < self.total_samples:
+            # The last partial micro-step, split across ranks as evenly as the order allows.
+            mine = list(range(tail_start + first, min(self.total_samples, tail_start + first + self.micro_batch_size)))
+            if mine:
+                yield mine

@@ -1,0 +1,325 @@
+"""The training loop: one process = one rank, from `run.yaml` to an exit code.
+
+Per step: rampup batch -> LR -> `engine.train_batch` -> metrics -> heartbeat progress -> agreed
+control decision (kill / time budget / time-based checkpoint) -> step-interval checkpoint -> maybe
+stop. The loop's state (`TrainState`) is four counters; with the engine's files and each rank's RNG
+state they are the whole checkpoint, which is what makes a resume bit-exact.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from orchestrator.protocol import ExitCode, Phase, RunPaths
+from trainer import checkpoint as ckpt
+from trainer import engine as eng
+from trainer.control import Controls, Decision
+from trainer.heartbeat import HeartbeatWriter
+from trainer.launch import DistEnv
+from trainer.metrics import MetricsLogger
+from trainer.schedules import lr_schedule_from_config, rampup_from_config
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps taken (skipped ones included): checkpoint step_N = after N steps
+    consumed_samples: int = 0  # data position; drives the rampup
+    lr_samples: int = 0  # samples of applied steps; drives the LR (a skipped step does not advance it)
+    skipped_total: int = 0
+    global_batch: int = 0  # the rampup state at the last step (checked against the schedule on resume)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainState:
+        return cls(**{k: int(data[k]) for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """TEST-ONLY fault injection (env TRAINER_FAULT): what to do at the start of step `step`."""
+
+    kind: str  # nan | hang | crash | sigkill | sigusr1 | sleep
+    step: int
+    rank: int | None = None  # None: every rank
+
+    KINDS = ("nan", "hang", "crash", "sigkill", "sigusr1")
+
+
+def parse_faults(text: str) -> list[Fault]:
+    """'nan@step5,hang@step7:rank1' -> [Fault('nan', 5), Fault('hang', 7, rank=1)]."""
+    faults = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            kind, rest = item.split("@", 1)
+            where, _, rank = rest.partition(":")
+            if kind not in Fault.KINDS or not where.startswith("step") or (rank and not rank.startswith("rank")):
+                raise ValueError
+            faults.append(Fault(kind, int(where[4:]), int(rank[4:]) if rank else None))
+        except ValueError:
+            raise ValueError(
+                f"TRAINER_FAULT item {item!r}: expected KIND@stepN[:rankR] with KIND in {Fault.KINDS}"
+            ) from None
+    return faults
+
+
+@dataclass
+class Overrides:
+    """Environment overrides (documented in trainer/__main__.py)."""
+
+    max_steps: int | None = None
+    stop_after_steps: int | None = None
+    job_start_time: float | None = None
+    step_delay_seconds: float = 0.0
+    faults: list[Fault] = field(default_factory=list)
+    tensorboard: bool = True
+
+    @classmethod
+    def from_env(cls, env) -> Overrides:
+        def opt_int(name):
+            return int(env[name]) if env.get(name) else None
+
+        return cls(
+            max_steps=opt_int("TRAINER_MAX_STEPS"),
+            stop_after_steps=opt_int("TRAINER_STOP_AFTER_STEPS"),
+            job_start_time=float(env["TRAINER_JOB_START_TIME"]) if env.get("TRAINER_JOB_START_TIME") else None,
+            step_delay_seconds=float(env.get("TRAINER_STEP_DELAY_SECONDS") or 0.0),
+            faults=parse_faults(env.get("TRAINER_FAULT", "")),
+            tensorboard=env.get("TRAINER_TENSORBOARD", "1") != "0",
+        )
+
+
+def log(rank: int, message: str) -> None:
+    if rank == 0:
+        print(f"[trainer] {message}", flush=True)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+# -- data --------------------------------------------------------------------------------------
+def eval_samples(cfg) -> int:
+    """The validation set: a FIXED set of eval_iters full global batches, evaluated every
+    eval_interval steps, so that eval losses at different steps are comparable."""
+    return cfg.data.eval_iters * cfg.parallel.global_batch_size
+
+
+def build_datasets(cfg, paths: RunPaths, rank: int):
+    """(train, valid or None): Megatron's indexed dataset + cached sample indices (rank 0 builds the
+    cache in data_cache/, the others wait, then memory-map it)."""
+    import torch.distributed as tdist
+
+    from trainer.data import build_train_valid_test_datasets
+
+    def build(on_this_rank: bool):
+        return build_train_valid_test_datasets(
+            [d.path for d in cfg.data.datasets], [d.weight for d in cfg.data.datasets], cfg.data.split,
+            (cfg.train_samples, eval_samples(cfg), 0), cfg.model.seq_length, cfg.data.seed, paths.data_cache,
+            on_this_rank,
+        )[:2]
+
+    datasets = build(True) if rank == 0 else None
+    if tdist.is_initialized() and tdist.get_world_size() > 1:
+        tdist.barrier()
+    if rank != 0:
+        datasets = build(False)
+    train, valid = datasets
+    if train is None:
+        raise RuntimeError(f"data.split={cfg.data.split!r} leaves no training documents: give the train split a share")
+    return train, valid
+
+
+def pipe_batches(loader):
+    """{"text": [mbs, seq+1]} -> (input_ids [mbs, seq], labels [mbs, seq]) as PipelineEngine wants."""
+    for batch in loader:
+        text = batch["text"]
+        yield text[:, :-1].contiguous(), text[:, 1:].contiguous()
+
+
+# -- the loop ----------------------------------------------------------------------------------
+class Trainer:
+    def __init__(self, cfg, paths: RunPaths, dist: DistEnv, overrides: Overrides, heartbeat: HeartbeatWriter):
+        self.cfg, self.paths, self.dist, self.ov, self.hb = cfg, paths, dist, overrides, heartbeat
+        self.rank = dist.rank
+        self.lr_schedule = lr_schedule_from_config(cfg)
+        self.rampup = rampup_from_config(cfg)
+        self.state = TrainState()
+        self._nan_now = False
+
+    def build(self) -> None:
+        from trainer.model import build_pipeline_module, universal_checkpoint_info
+        from trainer.parallel.groups import ParallelLayout, initialize_model_parallel
+
+        cfg = self.cfg
+        self.layout = ParallelLayout.from_config(cfg, world_size=self.dist.world_size)
+        initialize_model_parallel(self.layout)
+        seed_everything(cfg.seed)
+        module = build_pipeline_module(cfg, self.layout)
+        inner_loss = module.loss_fn
+
+        def loss_fn(outputs, labels):  # the TEST-ONLY nan fault poisons the loss, hence every gradient
+            loss = inner_loss(outputs, labels)
+            return loss * float("nan") if self._nan_now else loss
+
+        module.loss_fn = loss_fn
+        self.engine = eng.initialize(cfg, module, self.rampup.micro_batches_at(0))
+        eng.install_replicated_grad_sync(self.engine, self.layout.tp)
+        groups = self.engine.optimizer.param_groups
+        log(self.rank, f"engine {type(self.engine).__name__}, optimizer {type(self.engine.optimizer).__name__}, "
+                       f"{len(groups)} param groups {[g.get('name') for g in groups]}, layout tp={self.layout.tp} "
+                       f"pp={self.layout.pp} dp={self.layout.dp}")
+        self.uc_info = universal_checkpoint_info(cfg, self.layout)
+        self.dp_rank = self.engine.grid.get_data_parallel_id()
+        self.dataset, self.valid_dataset = build_datasets(cfg, self.paths, self.rank)
+        if self.valid_dataset is None and cfg.data.eval_iters:
+            log(self.rank, f"no validation documents in split {cfg.data.split!r}: evaluation is off")
+
+    def resume(self) -> None:
+        found = ckpt.find_resume_checkpoint(self.paths, self.dist.job_id)
+        if found is None:
+            log(self.rank, "no checkpoint to resume from: starting at step 0")
+            return
+        client = ckpt.load_checkpoint(self.engine, self.paths, found)
+        self.state = TrainState.from_dict(client)
+        expected = self.rampup.global_batch_at(max(0, self.state.consumed_samples - self.state.global_batch))
+        if self.state.global_batch and expected != self.state.global_batch:
+            log(self.rank, f"WARNING: the rampup config changed: the checkpoint's last batch was "
+                           f"{self.state.global_batch}, the schedule now says {expected}")
+        log(self.rank, f"resumed from {found.name}: step {self.state.step}, consumed {self.state.consumed_samples}")
+
+    def save(self, why: str) -> None:
+        from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
+
+        self.hb.set_phase(Phase.CHECKPOINT, self.state.step)
+        started = time.time()
+        client = {**asdict(self.state), "lr_schedule": asdict(self.lr_schedule), "rampup": asdict(self.rampup),
+                  "why": why}
+        path = ckpt.save_checkpoint(self.engine, self.paths, self.state.step, client, self.cfg.checkpoint.keep_last,
+                                    self.dist.job_id, extra_client_state={UNIVERSAL_CHECKPOINT_INFO: self.uc_info})
+        self.controls.checkpoint_saved()
+        log(self.rank, f"saved {path.name} ({why}) in {time.time() - started:.1f}s")
+        self.hb.set_phase(Phase.STEP, self.state.step)
+
+    def evaluate(self) -> float | None:
+        """Mean loss over the fixed validation batches (collective), in the EVAL phase."""
+        if self.valid_dataset is None or not self.cfg.data.eval_iters:
+            return None
+        from trainer.data import build_data_loader
+
+        cfg = self.cfg
+        self.hb.set_phase(Phase.EVAL, self.state.step)
+        loader = build_data_loader(self.valid_dataset, 0, cfg.parallel.micro_batch_size, self.dp_rank, cfg.dp)
+        batches = pipe_batches(loader)
+        micro_batches = cfg.parallel.global_batch_size // (cfg.parallel.micro_batch_size * cfg.dp)
+        losses = [float(self.engine.eval_batch(batches, num_micro_batches=micro_batches))
+                  for _ in range(cfg.data.eval_iters)]
+        self.hb.set_phase(Phase.STEP, self.state.step)
+        return sum(losses) / len(losses)
+
+    def inject_faults(self, step: int) -> None:
+        """TEST-ONLY: act on TRAINER_FAULT entries for this step and rank."""
+        self._nan_now = False
+        for fault in self.ov.faults:
+            if fault.step != step or (fault.rank is not None and fault.rank != self.rank):
+                continue
+            print(f"[trainer rank {self.rank}] TEST FAULT {fault.kind} at step {step}", file=sys.stderr, flush=True)
+            if fault.kind == "nan":
+                self._nan_now = True
+            elif fault.kind == "hang":
+                while True:  # the heartbeat thread keeps beating; progress stands still
+                    time.sleep(3600)
+            elif fault.kind == "crash":
+                os._exit(int(ExitCode.FAILED))  # abrupt: no checkpoint, no cleanup (like a segfault)
+            elif fault.kind == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif fault.kind == "sigusr1":
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    def train(self) -> ExitCode:
+        cfg, st = self.cfg, self.state
+        self.metrics = MetricsLogger(cfg, self.paths, self.rank, self.dist.world_size, self.ov.tensorboard)
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and \
+            os.environ.get("DS_ACCELERATOR") != "cpu" else None
+        self.controls = Controls(
+            self.paths, self.rank, self.ov.job_start_time or time.time(), cfg.checkpoint.exit_duration_minutes,
+            cfg.checkpoint.interval_hours, cfg.cluster.pre_timeout_signal, device=device,
+        )
+        from trainer.data import build_data_loader
+
+        loader = build_data_loader(self.dataset, st.consumed_samples, cfg.parallel.micro_batch_size,
+                                   self.dp_rank, cfg.dp)
+        batches = pipe_batches(loader)
+        target_samples = cfg.train_samples
+        steps_this_run = 0
+        last_saved_step = st.step
+        self.hb.set_phase(Phase.STEP, st.step)
+        if self.controls.agree().kill:  # a kill switch left in place: nothing to train, nothing to save
+            log(self.rank, f"not training: {self.controls.describe_stop(Decision(kill=True))}; remove control/kill "
+                           "(runctl resume) to continue")
+            return ExitCode.KILLED
+        while True:
+            global_batch = self.rampup.global_batch_at(st.consumed_samples)
+            if st.consumed_samples + global_batch > target_samples or (
+                self.ov.max_steps is not None and st.step >= self.ov.max_steps
+            ):
+                break
+            eng.set_global_batch(self.engine, global_batch)
+            lr = self.lr_schedule.lr_at(st.lr_samples)
+            eng.set_lr(self.engine, lr)
+            self.inject_faults(st.step + 1)
+            if self.ov.step_delay_seconds:
+                time.sleep(self.ov.step_delay_seconds)
+            skipped_before = self.engine.skipped_steps
+            started = time.time()
+            loss = float(self.engine.train_batch(batches))
+            seconds = time.time() - started
+            self._nan_now = False
+            skipped = eng.step_was_skipped(self.engine, skipped_before)
+            st.step += 1
+            st.consumed_samples += global_batch
+            st.global_batch = global_batch
+            if skipped:
+                st.skipped_total += 1
+            else:
+                st.lr_samples += global_batch
+            steps_this_run += 1
+            eval_loss = self.evaluate() if st.step % cfg.data.eval_interval == 0 else None
+            record = self.metrics.log_step(
+                step=st.step, loss=loss, lr=lr, grad_norm=eng.grad_norm(self.engine), skipped=skipped,
+                skipped_total=st.skipped_total, global_batch=global_batch, consumed_samples=st.consumed_samples,
+                step_seconds=seconds, eval_loss=eval_loss,
+            )
+            if skipped:
+                log(self.rank, f"step {st.step}: non-finite gradient norm, step SKIPPED (total {st.skipped_total})")
+            self.hb.progress(st.step, loss=record["loss"], consumed_samples=st.consumed_samples)
+
+            decision: Decision = self.controls.agree()
+            interval = cfg.checkpoint.interval_steps
+            stop_after = self.ov.stop_after_steps is not None and steps_this_run >= self.ov.stop_after_steps
+            if decision.stop or stop_after or decision.checkpoint_due or (interval and st.step % interval == 0):
+                why = ("kill" if decision.kill else "time budget" if decision.time_budget or stop_after
+                       else "time interval" if decision.checkpoint_due else "step interval")
+                self.save(why)
+                last_saved_step = st.step
+            if decision.stop or stop_after:
+                why = self.controls.describe_stop(decision) if decision.stop else "TRAINER_STOP_AFTER_STEPS"
+                print(f"[trainer rank {self.rank}] stopping at step {st.step}: {why}", flush=True)
+                return ExitCode.KILLED if decision.kill else ExitCode.TIME_BUDGET
+        if st.step != last_saved_step:
+            self.save("finished")
+        log(self.rank, f"finished: {st.step} steps, {st.consumed_samples} samples, {st.skipped_total} skipped")
+        return ExitCode.FINISHED
+
+    def close(self) -> None:
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.close()
