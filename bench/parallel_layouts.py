@@ -68,9 +68,14 @@ def measure_bubble(work: Path, steps: int, micro_batches: list[int], hidden: int
         for rank_record in result["instruction_seconds"]:
             stage = rank_record["coords"][2]
             samples = [stage_bubble(s) for s in rank_record["steps"][2:] or rank_record["steps"]]
+            compute = statistics.median(c for _, c, _ in samples)
+            schedule = statistics.median(t for _, _, t in samples)
+            # 1F1B with equal stages idles (pp-1) micro-batches' compute; the rest of the idle time is
+            # the cost of the point-to-point transfers (and waiting on a slower neighbour), per micro-batch.
+            ideal_idle = (pp - 1) * compute / m
             per_stage.append({"stage": stage, "bubble": statistics.median(b for b, _, _ in samples),
-                              "compute_seconds": statistics.median(c for _, c, _ in samples),
-                              "schedule_seconds": statistics.median(t for _, _, t in samples)})
+                              "compute_seconds": compute, "schedule_seconds": schedule,
+                              "excess_idle_per_micro_batch_seconds": (schedule - compute - ideal_idle) / m})
         measured = statistics.mean(s["bubble"] for s in per_stage)
         ideal = (pp - 1) / (m + pp - 1)
         rows.append({"pp": pp, "micro_batches": m, "measured_bubble": measured, "ideal_bubble": ideal,

@@ -1,7 +1,7 @@
 """A training step (forward + backward + AdamW step) of our BLOOM vs transformers' BloomForCausalLM, CPU.
 
     python bench/train_step_cpu.py [--layers 2 --hidden 256 --heads 8 --seq 256 --batch 4 --vocab 4096]
-                                   [--steps 8 --threads 2 --out bench/results/train_step_cpu.json]
+                                   [--steps 12 --threads 1 --out bench/results/train_step_cpu.json]
 
 Fair by construction: the same config, the same weights (ours converted with trainer.convert_hf),
 the same batch, the same loss (mean token cross entropy over the same logits), the same optimizer
@@ -75,8 +75,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=1, help="1: stable figures on a shared machine")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "train_step_cpu.json")
     args = parser.parse_args(argv)
 

@@ -162,7 +162,7 @@ class Heartbeat:
 
     rank: int
     world_size: int
-    host: str
+    host: str  # SLURM's node name (SLURMD_NODENAME), else the hostname
     job_id: str
     pid: int
     step: int
@@ -195,8 +195,8 @@ def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        # mkstemp creates 0600; the other side (and other operators) must be able to read it.
+        os.chmod(tmp, mode if mode is not None else 0o644)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         init_distributed(dist, "cpu" if os.environ.get("DS_ACCELERATOR") == "cpu" else cfg.cluster.accelerator)
         import kernels
 
-        if hasattr(kernels, "set_kernel_path"):
-            kernels.set_kernel_path(cfg.model.kernels)
+        kernels.set_kernel_path(cfg.model.kernels)
+        kernels.set_attention_impl(cfg.model.attention)
         from trainer.loop import Trainer
 
         try:

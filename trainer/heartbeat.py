@@ -54,7 +54,8 @@ class HeartbeatWriter:
         self.rank = rank
         self.world_size = world_size
         self.job_id = job_id
-        self.host = host or os.uname().nodename
+        # SLURM's node name: emulated nodes of the local cluster share one hostname.
+        self.host = host or os.environ.get("SLURMD_NODENAME") or os.uname().nodename
         self.interval = interval_seconds
         self._lock = threading.Lock()
         now = time.time()

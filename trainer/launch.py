@@ -122,7 +122,14 @@ def init_distributed(dist: DistEnv, accelerator: str, timeout_minutes: float = 3
         torch.cuda.set_device(dist.local_rank)
     elif os.environ.get("TRAINER_DS_SHM_OP") != "1":
         skip_deepspeed_shm_op()
-    deepspeed.init_distributed(
+    if dist.world_size == 1:
+        # One process needs no rendezvous: an in-memory store instead of a TCP port, so that single
+        # -process runs (tests, benchmarks) never race other processes for MASTER_PORT.
+        torch.distributed.init_process_group(
+            backend, store=torch.distributed.HashStore(), rank=0, world_size=1,
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+        )
+    deepspeed.init_distributed(  # wraps an existing process group, or creates it from MASTER_ADDR/PORT
         dist_backend=backend,
         auto_mpi_discovery=False,
         verbose=False,

@@ -119,6 +119,17 @@ def build_datasets(cfg, paths: RunPaths, rank: int):
     import torch.distributed as tdist
 
     from trainer.data import build_train_valid_test_datasets
+    from trainer.data.indexed_dataset import data_path, index_path
+    from trainer.parallel.groups import LayoutError
+
+    # Every rank checks before the barrier: a missing dataset is a config problem (exit
+    # CONFIG_ERROR, the controller does not restart), not a crash of rank 0 alone.
+    missing = [str(p) for d in cfg.data.datasets for p in (index_path(d.path), data_path(d.path)) if not p.is_file()]
+    if missing:
+        raise LayoutError(
+            f"data.datasets: {', '.join(missing)} not found; build them with `python -m trainer.data.preprocess` "
+            "(the CPU configs: `make data`)"
+        )
 
     def build(on_this_rank: bool):
         return build_train_valid_test_datasets(

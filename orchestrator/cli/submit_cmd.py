@@ -104,9 +104,15 @@ def run_status(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     cfg = load_run_config(run_dir)
+    from orchestrator.dashboard import dashboard_data, render_dashboard
+
     rows = job_table(run_dir, get_scheduler())
+    dashboard = dashboard_data(run_dir)
     if args.json:
-        print(json.dumps({"run_dir": str(run_dir.resolve()), "name": cfg.name, "jobs": rows}, indent=2))
+        print(json.dumps(
+            {"run_dir": str(run_dir.resolve()), "name": cfg.name, "jobs": rows, "dashboard": dashboard},
+            indent=2, default=str,
+        ))
         return EXIT_OK
     print(f"run {cfg.name} in {run_dir.resolve()}")
     if not rows:
@@ -115,6 +121,9 @@ def run_status(args: argparse.Namespace) -> int:
         print(format_job_table(rows))
         if any(r.get("stale") for r in rows):
             print("(? = last state seen; the scheduler no longer reports this job)")
+    from rich.console import Console
+
+    Console().print(render_dashboard(run_dir, dashboard))
     return EXIT_OK
 
 

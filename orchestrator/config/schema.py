@@ -97,6 +97,10 @@ class ModelConfig(Section):
     attention_dropout: Probability = 0.0
     # Which fused-kernel path the model uses; env BLOOM_KERNELS overrides.
     kernels: Literal["auto", "reference", "triton"] = "auto"
+    # Attention: materialized builds the s x s scores; chunked (CPU) and the flash Triton kernel
+    # (GPU) never do, so memory grows linearly with the sequence. auto follows the kernel path.
+    # env BLOOM_ATTENTION overrides.
+    attention: Literal["auto", "materialized", "chunked"] = "auto"
 
     @property
     def ffn_size(self) -> int:

@@ -26,6 +26,7 @@ import fcntl
 import json
 import os
 import shlex
+import shutil
 import signal as signal_module
 import sys
 import time
@@ -173,10 +174,15 @@ class MockSlurm:
             job_id = str(state["next_id"])
             state["next_id"] += 1
             width = max(2, len(str(nodes)))
+            # Like slurmctld, keep a copy of the script as submitted: the caller may move or
+            # rewrite its file before the job starts.
+            spooled = self.dir / "spool" / f"job{job_id}.sh"
+            spooled.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(script, spooled)
             job = {
                 "job_id": job_id,
                 "name": options.get("job-name") or script.name,
-                "script": str(script.resolve()),
+                "script": str(spooled),
                 "options": options,
                 "cwd": options.get("chdir") or cwd or os.getcwd(),
                 "dependency": options.get("dependency", ""),

@@ -17,7 +17,8 @@ import pytest
 
 from tests.parallel.three_d_runs import compare
 
-pytestmark = pytest.mark.slurm
+# slow too: ~150 s on 2 cores (cluster up + a 4-rank DeepSpeed job); drop `slow` to put it in make test.
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 pytest.importorskip("deepspeed")
 
 REPO = Path(__file__).resolve().parents[2]

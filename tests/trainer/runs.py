@@ -13,7 +13,7 @@ from orchestrator.config.load import resolve_paths
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY = REPO_ROOT / "configs" / "tiny-cpu.yaml"
-CORPUS_PREFIX = REPO_ROOT / "data" / "corpus"
+CORPUS_PREFIX = REPO_ROOT / "data" / "corpus" / "multilingual_text_document"
 
 
 def ensure_corpus() -> None:
