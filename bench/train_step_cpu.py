@@ -45,8 +45,9 @@ def tiny_cfg(args):
 
 
 def interleaved_steps(contestants, batch, steps: int):
-    """Alternate one step of each model, so that a busy machine (shared CI cores) slows both alike.
-    Returns {name: (times of the timed steps, losses of every step)}."""
+    """Alternate one step of each model, so that a busy machine (shared CI cores) slows both alike;
+    the order flips every step, so neither model always runs right after the other (warm caches,
+    allocator state). Returns {name: (times of the timed steps, losses of every step)}."""
     import torch
 
     state = {}
@@ -55,7 +56,8 @@ def interleaved_steps(contestants, batch, steps: int):
         state[name] = (model, loss_of, optimizer, [], [])
     input_ids, labels = batch
     for index in range(steps + 1):  # step 0 (allocations, lazy Adam state) is not timed
-        for model, loss_of, optimizer, times, losses in state.values():
+        order = list(state.values()) if index % 2 == 0 else list(state.values())[::-1]
+        for model, loss_of, optimizer, times, losses in order:
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss = loss_of(model, input_ids, labels)

@@ -201,6 +201,39 @@ def find_resume_checkpoint(paths: RunPaths, job_id: str = "") -> Path | None:
     return None
 
 
+def saved_layout(ckpt_dir: Path) -> dict[str, int]:
+    """{"tp", "pp", "dp"} the checkpoint was saved at ({} for checkpoints from before it was recorded)."""
+    return dict((read_json(ckpt_dir / MANIFEST_NAME) or {}).get("layout") or {})
+
+
+def choose_resume_checkpoint(paths: RunPaths, layout: dict[str, int], job_id: str = "") -> tuple[Path | None, bool]:
+    """(checkpoint, is_universal) to resume this layout from (collective).
+
+    The newest verified checkpoint, as saved when its layout is this job's; at another layout its
+    universal conversion `step_N_universal` (made by `python -m trainer.universal RUN_DIR --step N`),
+    which must verify too. No conversion yet: a LayoutError that says which command makes it."""
+    from trainer.parallel.groups import LayoutError
+    from trainer.universal import UNIVERSAL_SUFFIX
+
+    found = find_resume_checkpoint(paths, job_id)
+    if found is None:
+        return None, False
+    saved = saved_layout(found)
+    if not saved or saved == layout:
+        return found, False
+    universal = found.with_name(found.name + UNIVERSAL_SUFFIX)
+    problems = verify_shared(universal) if universal.is_dir() else ["not converted yet"]
+    if problems:
+        describe = " ".join(f"{k}={v}" for k, v in sorted(saved.items()))
+        now = " ".join(f"{k}={v}" for k, v in sorted(layout.items()))
+        raise LayoutError(
+            f"{found.name} was saved at {describe} but this job runs {now}; {universal.name}: "
+            f"{'; '.join(problems[:3])}. Convert it once with `python -m trainer.universal {paths.root} "
+            f"--step {step_of(found.name)}`, then resubmit"
+        )
+    return universal, True
+
+
 # -- RNG ---------------------------------------------------------------------------------------
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
@@ -219,7 +252,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 # -- save / load ------------------------------------------------------------------------------
 def save_checkpoint(engine, paths: RunPaths, step: int, client_state: dict[str, Any], keep_last: int,
-                    job_id: str = "", extra_client_state: dict[str, Any] | None = None) -> Path:
+                    job_id: str = "", extra_client_state: dict[str, Any] | None = None,
+                    layout: dict[str, int] | None = None) -> Path:
     """Collective. Returns the checkpoint directory once MANIFEST and `latest` are written.
     `extra_client_state` goes to DeepSpeed's client state at the top level (e.g. the universal
     checkpoint info that ds_to_universal reads)."""
@@ -243,7 +277,8 @@ def save_checkpoint(engine, paths: RunPaths, step: int, client_state: dict[str, 
     files = _gather_to_all(files)[0]  # rank 0's listing is the one every rank hashes a share of
     entries = hash_files_shared(ckpt_dir, files)
     if rank == 0:
-        write_manifest(ckpt_dir, entries, {"step": step, "world_size": world, "job_id": job_id})
+        write_manifest(ckpt_dir, entries, {"step": step, "world_size": world, "job_id": job_id,
+                                           "layout": layout or {}})
         write_latest(paths, tag)
         cleanup_old_checkpoints(paths, keep_last)
     _barrier()

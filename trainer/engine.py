@@ -120,18 +120,25 @@ def build_optimizer(cfg, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     )
 
 
-def initialize(cfg, module, micro_batches: int):
-    """deepspeed.initialize with our groups and optimizer; returns the PipelineEngine."""
+def initialize(cfg, module, micro_batches: int, load_universal: bool = False):
+    """deepspeed.initialize with our groups and optimizer; returns the PipelineEngine.
+    `load_universal`: the checkpoint to resume is a universal one (saved at another layout)."""
     import deepspeed
 
     bf16 = cfg.model.dtype == "bf16"
     groups = build_param_groups(module.named_parameters(), cfg.optimizer.weight_decay, cfg.optimizer.max_group_params)
     optimizer = build_optimizer(cfg, groups)
-    engine, _, _, _ = deepspeed.initialize(
-        model=module,
-        optimizer=optimizer,
-        config=deepspeed_config(cfg, micro_batches, bf16),
-    )
+    config = deepspeed_config(cfg, micro_batches, bf16)
+    if load_universal:
+        if not bf16:
+            from trainer.parallel.groups import LayoutError
+
+            raise LayoutError("a universal checkpoint loads only through ZeRO-1 (model.dtype: bf16); "
+                             "resume an fp32 run at the layout it was saved at")
+        from trainer.universal import universal_load_config
+
+        config.update(universal_load_config())
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
     if not bf16:
         guard_fp32_step(engine)
     return engine

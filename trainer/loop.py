@@ -182,7 +182,11 @@ class Trainer:
             return loss * float("nan") if self._nan_now else loss
 
         module.loss_fn = loss_fn
-        self.engine = eng.initialize(cfg, module, self.rampup.micro_batches_at(0))
+        # Chosen before the engine exists: a checkpoint of another layout loads as a universal one,
+        # which DeepSpeed must know at initialisation.
+        self.layout_dict = {"tp": self.layout.tp, "pp": self.layout.pp, "dp": self.layout.dp}
+        self.resume_from, universal = ckpt.choose_resume_checkpoint(self.paths, self.layout_dict, self.dist.job_id)
+        self.engine = eng.initialize(cfg, module, self.rampup.micro_batches_at(0), load_universal=universal)
         eng.install_replicated_grad_sync(self.engine, self.layout.tp)
         groups = self.engine.optimizer.param_groups
         log(self.rank, f"engine {type(self.engine).__name__}, optimizer {type(self.engine.optimizer).__name__}, "
@@ -195,7 +199,7 @@ class Trainer:
             log(self.rank, f"no validation documents in split {cfg.data.split!r}: evaluation is off")
 
     def resume(self) -> None:
-        found = ckpt.find_resume_checkpoint(self.paths, self.dist.job_id)
+        found = self.resume_from
         if found is None:
             log(self.rank, "no checkpoint to resume from: starting at step 0")
             return
@@ -215,7 +219,8 @@ class Trainer:
         client = {**asdict(self.state), "lr_schedule": asdict(self.lr_schedule), "rampup": asdict(self.rampup),
                   "why": why}
         path = ckpt.save_checkpoint(self.engine, self.paths, self.state.step, client, self.cfg.checkpoint.keep_last,
-                                    self.dist.job_id, extra_client_state={UNIVERSAL_CHECKPOINT_INFO: self.uc_info})
+                                    self.dist.job_id, extra_client_state={UNIVERSAL_CHECKPOINT_INFO: self.uc_info},
+                                    layout=self.layout_dict)
         self.controls.checkpoint_saved()
         log(self.rank, f"saved {path.name} ({why}) in {time.time() - started:.1f}s")
         self.hb.set_phase(Phase.STEP, self.state.step)

@@ -27,8 +27,8 @@ Pitfalls of DeepSpeed 0.19.8 found while building this (see docs/parallelism.md)
 - ds_to_universal writes each parameter's fragments under its name only, without the pipeline
   stage: a parameter name present on two stages that is not in PIPELINE_REPLICATED patterns is
   extracted twice and the later stage silently wins. The last stage of our pipeline holds an
-  unused copy of the embedding LayerNorm (same name as the trained one on stage 0), so it must
-  be listed as pipeline-replicated too (`_PIPELINE_REPLICATED_EXTRA` below).
+  unused copy of the embedding LayerNorm (same name as the trained one on stage 0), so the whole
+  tied module is listed as pipeline-replicated (trainer.model.pipeline's patterns).
 - `latest_universal` is written by the converter in the output's parent directory; we load by
   explicit tag and never rely on it.
 """
@@ -43,27 +43,13 @@ from pathlib import Path
 from typing import Any
 
 UNIVERSAL_SUFFIX = "_universal"
-# The unused copy of the embedding LayerNorm in the tied module on the last stage (pp > 1).
-_PIPELINE_REPLICATED_EXTRA = [r"^tied_modules\.embed\.word_embeddings_layernorm\.(weight|bias)$"]
-
-
-def universal_checkpoint_info(cfg, layout) -> dict[str, Any]:
-    """DeepSpeed's UNIVERSAL_CHECKPOINT_INFO for our parameter names (trainer.model.pipeline's
-    patterns), with every parameter present on more than one stage marked pipeline-replicated."""
-    from deepspeed.checkpoint.constants import PIPELINE_REPLICATED_PARAMETER_PATTERNS
-
-    from trainer.model.pipeline import universal_checkpoint_info as model_info
-
-    info = dict(model_info(cfg, layout))
-    patterns = list(info.get(PIPELINE_REPLICATED_PARAMETER_PATTERNS, []))
-    info[PIPELINE_REPLICATED_PARAMETER_PATTERNS] = patterns + [p for p in _PIPELINE_REPLICATED_EXTRA
-                                                               if p not in patterns]
-    return info
 
 
 def universal_client_state(cfg, layout) -> dict[str, Any]:
     """What every checkpoint's client state must carry for ds_to_universal (merge it in)."""
     from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
+
+    from trainer.model.pipeline import universal_checkpoint_info
 
     return {UNIVERSAL_CHECKPOINT_INFO: universal_checkpoint_info(cfg, layout)}
 

@@ -21,6 +21,26 @@ def causal_visible(sq: int, sk: int, device: torch.device) -> torch.Tensor:
     return cols <= rows
 
 
+_MASKS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def causal_additive_mask(sq: int, sk: int, device: torch.device) -> torch.Tensor:
+    """fp32 [sq, sk]: 0 where visible, finfo.min where masked (transformers' additive mask).
+
+    Built once per (sq, sk, device) and cached (a few shapes per run; read-only, never requires
+    grad). Added in place to the fresh fp32 scores: unlike masked_fill, an add has a free backward."""
+    key = (sq, sk, torch.device(device))
+    mask = _MASKS.get(key)
+    if mask is None:
+        if len(_MASKS) > 64:  # many shapes (generation tests): do not grow without bound
+            _MASKS.clear()
+        visible = causal_visible(sq, sk, device)
+        mask = torch.zeros(sq, sk, dtype=torch.float32, device=device).masked_fill_(
+            ~visible, torch.finfo(torch.float32).min)
+        _MASKS[key] = mask
+    return mask
+
+
 def as_batched_3d(scores: torch.Tensor, alibi: torch.Tensor | None):
     """[b, h, sq, sk] or [bh, sq, sk] scores (+ alibi) -> 3-D views; alibi broadcast, never copied
     unless its layout forces it."""
@@ -41,13 +61,22 @@ def scale_mask_softmax_reference(scores: torch.Tensor, scale: float, alibi: torc
                                  causal: bool = True) -> torch.Tensor:
     """scores [b*h, sq, sk] or [b, h, sq, sk]; alibi broadcastable to it (or BLOOM's [b*h, 1, sk])."""
     s3, a3 = as_batched_3d(scores, alibi)
-    x = s3.float() * scale
+    # scale * scores + alibi in one pass (alibi broadcast, not copied); the result is a fresh fp32
+    # tensor, so the mask below is added in place (neither op's backward needs its output).
     if a3 is not None:
-        x = x + a3.float()
+        x = torch.add(a3.float(), s3.float(), alpha=scale)
+    elif scale != 1.0 or not causal:
+        x = s3.float() * scale
+    else:
+        x = None  # scale 1, no alibi: the mask add below makes the fresh tensor
     if not causal:
         return torch.softmax(x, dim=-1).to(scores.dtype).view(scores.shape)
-    visible = causal_visible(x.shape[-2], x.shape[-1], x.device)
-    # finfo.min (not -inf) keeps fully masked rows finite; multiplying by `visible` zeroes them
-    # and makes masked entries exactly 0 in the output and in the gradient.
-    x = x.masked_fill(~visible, torch.finfo(torch.float32).min)
-    return (torch.softmax(x, dim=-1) * visible).to(scores.dtype).view(scores.shape)
+    sq, sk = s3.shape[-2], s3.shape[-1]
+    mask = causal_additive_mask(sq, sk, s3.device)
+    # finfo.min (not -inf) keeps fully masked rows finite; masked entries of a row that sees at
+    # least one key underflow to exactly 0 in the output and in the gradient.
+    x = s3.float() + mask if x is None else x.add_(mask)
+    probs = torch.softmax(x, dim=-1)
+    if sq > sk:  # rows that see no key at all (only then) would be uniform: make them zeros
+        probs = probs * causal_visible(sq, sk, s3.device)
+    return probs.to(scores.dtype).view(scores.shape)

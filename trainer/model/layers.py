@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from kernels.bias_gelu.reference import gelu_reference
 from trainer.parallel import groups
 from trainer.parallel.tensor_parallel import (
     ColumnParallelLinear,
@@ -125,6 +126,7 @@ class ParallelAttention(nn.Module):
         self.use_alibi = dims.alibi
         self.attention_dropout = dims.attention_dropout
         self._slopes: dict[torch.device, torch.Tensor] = {}  # not a buffer: must stay fp32 under .bfloat16()
+        self._alibi_cache: tuple[tuple, torch.Tensor] | None = None  # ((b, s, device), [b*nh, 1, s])
 
     def alibi_slopes(self, device: torch.device) -> torch.Tensor:
         """fp32 [heads_per_rank]: this rank's slice of the slopes of all heads (zeros without ALiBi)."""
@@ -135,6 +137,14 @@ class ParallelAttention(nn.Module):
                 slopes = torch.zeros(self.heads_per_rank, dtype=torch.float32)
             self._slopes[device] = slopes.to(device)
         return self._slopes[device]
+
+    def _alibi(self, slopes: torch.Tensor, b: int, s: int, device: torch.device) -> torch.Tensor:
+        """fp32 [b*nh, 1, s]: slope * key position per (sample, head) row, kept for the last (b, s)."""
+        key = (b, s, device)
+        if self._alibi_cache is None or self._alibi_cache[0] != key:
+            positions = torch.arange(s, device=device, dtype=torch.float32)
+            self._alibi_cache = (key, (slopes[:, None, None] * positions).repeat(b, 1, 1))
+        return self._alibi_cache[1]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         b, s, _ = hidden.shape
@@ -153,10 +163,15 @@ class ParallelAttention(nn.Module):
             q3 = q.reshape(b * nh, s, hd)
             k3 = k.reshape(b * nh, s, hd)
             v3 = v.reshape(b * nh, s, hd)
-            scores = torch.bmm(q3, k3.transpose(1, 2))
-            positions = torch.arange(s, device=hidden.device, dtype=torch.float32)
-            alibi = (slopes[:, None, None] * positions).repeat(b, 1, 1)  # [b*nh, 1, s] fp32
-            probs = kernels.scale_mask_softmax(scores, self.softmax_scale, alibi, causal=True)
+            alibi = self._alibi(slopes, b, s, hidden.device)  # [b*nh, 1, s] fp32
+            if kernels.current_path(hidden.device.type) == "reference" and q3.dtype == torch.float32:
+                # Plain torch (CPU): scale and ALiBi ride in the GEMM (baddbmm, as transformers), the
+                # softmax then only adds the causal mask. The Triton kernel fuses them itself.
+                scores = torch.baddbmm(alibi, q3, k3.transpose(1, 2), beta=1.0, alpha=self.softmax_scale)
+                probs = kernels.scale_mask_softmax(scores, 1.0, None, causal=True)
+            else:
+                scores = torch.bmm(q3, k3.transpose(1, 2))
+                probs = kernels.scale_mask_softmax(scores, self.softmax_scale, alibi, causal=True)
             probs = F.dropout(probs, p=dropout, training=self.training)
             context = torch.bmm(probs, v3).view(b, nh, s, hd)
         context = context.transpose(1, 2).reshape(b, s, nh * hd)  # [b, s, h/tp], heads in order
@@ -178,6 +193,13 @@ class ParallelMLP(nn.Module):
             init_seed=dims.init_seed, name=f"{prefix}.dense_4h_to_h", params_dtype=dims.params_dtype)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if hidden.dtype == torch.float32 and kernels.current_path(hidden.device.type) == "reference":
+            # Plain torch (CPU): the only place to fuse the bias into is the GEMM itself (addmm, as
+            # nn.Linear), then GeLU. (In bf16 the GEMM would round x + bias to bf16 first, which the
+            # bias_gelu definition does not, so bf16 keeps the path below.)
+            intermediate, _ = self.dense_h_to_4h(hidden, skip_bias_add=False)  # [b, s, 4h/tp]
+            out, _ = self.dense_4h_to_h(gelu_reference(intermediate))
+            return out
         intermediate, bias = self.dense_h_to_4h(hidden)  # [b, s, 4h/tp], bias [4h/tp]
         out, _ = self.dense_4h_to_h(kernels.bias_gelu(intermediate, bias))
         return out

@@ -95,13 +95,14 @@ class ColumnParallelLinear(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, skip_bias_add: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`skip_bias_add` overrides the constructor's choice for this call (None: keep it)."""
+        skip = self.skip_bias_add if skip_bias_add is None else skip_bias_add
         x = copy_to_tp_region(x)
-        bias = self.bias if not self.skip_bias_add else None
-        y = F.linear(x, self.weight, bias)
+        y = F.linear(x, self.weight, None if skip else self.bias)  # addmm when the bias is added here
         if self.gather_output:
             y = gather_from_tp_region(y)
-        return y, (self.bias if self.skip_bias_add else None)
+        return y, (self.bias if skip else None)
 
 
 class RowParallelLinear(nn.Module):
@@ -131,8 +132,13 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not self.input_is_parallel:
             x = scatter_to_tp_region(x)
+        add_bias_here = self.bias is not None and not self.skip_bias_add
+        if groups.get_tp_world_size() == 1:
+            # No all-reduce in between: the bias goes into the GEMM (addmm), as nn.Linear does.
+            return F.linear(x, self.weight, self.bias if add_bias_here else None), (
+                None if add_bias_here else self.bias)
         y = reduce_from_tp_region(F.linear(x, self.weight))
-        if self.bias is None or self.skip_bias_add:
+        if not add_bias_here:
             return y, self.bias
         return y + self.bias, None
 
