@@ -159,15 +159,23 @@ def last_seen_end(paths: RunPaths, job_id: str) -> tuple[str | None, int | None]
 
 
 def failed_task_host(job_output: Path) -> tuple[str | None, str | None]:
-    """srun's own account of which task failed first, from the job's output:
-    `srun: error: node03: task 2: Killed`. Returns (host, what) or (None, None)."""
+    """srun's own account of which task failed, from the job's output:
+    `srun: error: node03: task 2: Killed`. Returns (host, what) or (None, None).
+
+    A task that died of a signal is the culprit even when srun reports it after others: its
+    peers see the broken connection and exit 1 on their own, sometimes before slurmstepd has
+    reported the killed one. Without a signalled task, the first task srun reports."""
     try:
         text = job_output.read_text(errors="replace")
     except OSError:
         return None, None
+    reported: list[tuple[str, str]] = []
     for line in text.splitlines():
         if "srun: error:" in line and ": task" in line:
             parts = [p.strip() for p in line.split("srun: error:", 1)[1].split(":")]
             if len(parts) >= 3:
-                return parts[0], ":".join(parts[2:]).strip()
-    return None, None
+                reported.append((parts[0], ":".join(parts[2:]).strip()))
+    for host, what in reported:
+        if "Killed" in what or "signal" in what.lower():
+            return host, what
+    return reported[0] if reported else (None, None)
