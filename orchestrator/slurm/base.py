@@ -101,6 +101,18 @@ class SubmitRequest:
     extra_args: list[str] = field(default_factory=list)
 
 
+def sbatch_argv(request: SubmitRequest) -> list[str]:
+    """The sbatch command line of a request: one definition for the real and the mocked SLURM."""
+    argv = ["sbatch", "--parsable", f"--job-name={request.job_name}"]
+    if request.dependency:
+        argv.append(f"--dependency={request.dependency}")
+    if request.hold:
+        argv.append("--hold")
+    if request.exclude:
+        argv.append(f"--exclude={','.join(request.exclude)}")
+    return [*argv, *request.extra_args, str(request.script)]
+
+
 class Scheduler(Protocol):
     """What the orchestrator needs from a batch scheduler. Every method raises
     `orchestrator.errors.SchedulerError` (with the scheduler's own output) on failure."""

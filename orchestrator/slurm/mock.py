@@ -37,7 +37,7 @@ from typing import Any
 from orchestrator.errors import SchedulerError
 from orchestrator.protocol import append_jsonl, atomic_write_json, read_json, read_jsonl
 
-from .base import JobInfo, JobState, SubmitRequest
+from .base import JobInfo, JobState, SubmitRequest, sbatch_argv
 from .hostlist import compress_hostlist, expand_hostlist
 from .real import HELD_REASONS, decode_wait_status
 
@@ -360,14 +360,7 @@ class MockScheduler:
         self.slurm = MockSlurm(directory, execute)
 
     def submit(self, request: SubmitRequest) -> str:
-        argv = ["sbatch", "--parsable", f"--job-name={request.job_name}"]
-        if request.dependency:
-            argv.append(f"--dependency={request.dependency}")
-        if request.hold:
-            argv.append("--hold")
-        if request.exclude:
-            argv.append(f"--exclude={','.join(request.exclude)}")
-        argv += [*request.extra_args, str(request.script)]
+        argv = sbatch_argv(request)
         self.slurm.record_command(argv)
         script_text = Path(request.script).read_text() if Path(request.script).is_file() else ""
         options = parse_sbatch_args(argv[1:], script_text)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from orchestrator.errors import SchedulerError
 
-from .base import JobInfo, JobState, SubmitRequest
+from .base import JobInfo, JobState, SubmitRequest, sbatch_argv
 from .hostlist import expand_hostlist
 
 # scontrol hold reasons that mean "held", whatever the job state says.
@@ -72,15 +72,7 @@ class SlurmScheduler:
 
     # Submission --------------------------------------------------------------------------------
     def submit(self, request: SubmitRequest) -> str:
-        args = ["sbatch", "--parsable", f"--job-name={request.job_name}"]
-        if request.dependency:
-            args.append(f"--dependency={request.dependency}")
-        if request.hold:
-            args.append("--hold")
-        if request.exclude:
-            args.append(f"--exclude={','.join(request.exclude)}")
-        args += list(request.extra_args)
-        args.append(str(request.script))
+        args = sbatch_argv(request)
         proc = self._run(args)
         # --parsable prints "<id>" or "<id>;<cluster>".
         first = proc.stdout.strip().split(";")[0]
