@@ -40,6 +40,9 @@ def format_all_stacks() -> str:
     return "".join(out)
 
 
+TIMED_PHASES = (Phase.INIT.value, Phase.CHECKPOINT.value, Phase.EVAL.value)
+
+
 class HeartbeatWriter:
     def __init__(
         self,
@@ -86,6 +89,12 @@ class HeartbeatWriter:
     def set_phase(self, phase: Phase, step: int | None = None) -> None:
         with self._lock:
             now = time.time()
+            # The longest init/checkpoint/eval so far goes into the beat (`extra.durations`): the
+            # controller learns its per-phase timeouts from it even when a whole save happens
+            # between two of its passes. Steps are learned from progress instead.
+            if self._phase in TIMED_PHASES and Phase(phase).value != self._phase:
+                durations = self._extra.setdefault("durations", {})
+                durations[self._phase] = max(durations.get(self._phase, 0.0), now - self._phase_started)
             self._phase = Phase(phase).value
             self._phase_started = now
             self._progress_time = now

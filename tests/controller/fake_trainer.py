@@ -95,6 +95,10 @@ class Rank:
         with self.lock:
             now = time.time()
             if phase != self.hb.phase:
+                # Like trainer.heartbeat: report the longest init/checkpoint/eval so far.
+                if self.hb.phase in ("init", "checkpoint", "eval"):
+                    durations = self.hb.extra.setdefault("durations", {})
+                    durations[self.hb.phase] = max(durations.get(self.hb.phase, 0.0), now - self.hb.phase_started)
                 self.hb.phase_started = now
             self.hb.phase = phase
             if step is not None:

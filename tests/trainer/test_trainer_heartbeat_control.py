@@ -103,3 +103,22 @@ def test_control_flags(tmp_path):
     finally:
         signal.signal(signal.SIGUSR1, old)
         control._signal_received.clear()
+
+
+def test_heartbeat_reports_the_longest_checkpoint_and_eval(tmp_path):
+    """The controller learns per-phase timeouts from extra.durations, even when a whole save falls
+    between two of its passes."""
+    import time as _time
+
+    from orchestrator.protocol import Phase, RunPaths
+    from trainer.heartbeat import HeartbeatWriter
+
+    hb = HeartbeatWriter(RunPaths.of(tmp_path), rank=0, world_size=1, job_id="t", interval_seconds=60)
+    for pause in (0.05, 0.15, 0.02):
+        hb.set_phase(Phase.CHECKPOINT, 1)
+        _time.sleep(pause)
+        hb.set_phase(Phase.STEP, 1)
+    durations = hb.snapshot().extra["durations"]
+    print("reported durations:", durations)
+    assert 0.15 <= durations["checkpoint"] < 1.0
+    assert "step" not in durations and durations["init"] >= 0.0
