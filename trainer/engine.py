@@ -233,9 +233,23 @@ def guard_fp32_step(engine) -> None:
             self.global_samples += self.train_batch_size()
             self._global_grad_norm = float("inf")
             return None
+        self._pipeline_grad_norm = norm
         result = inner(self, *args, **kwargs)
         self._global_grad_norm = norm
         return result
 
+    def clip_with_pipeline_norm() -> None:
+        # DeepSpeed's own fp32 clipping (runtime.utils.clip_grad_norm_) counts non-TP parameters on
+        # the first pipeline stage only and the tied embedding on both ends: with pp > 1 its clip
+        # coefficient is off. Clip with the norm computed above instead (docs/parallelism.md).
+        clip = engine.gradient_clipping()
+        norm = engine._pipeline_grad_norm
+        if clip > 0 and norm > clip:
+            coef = clip / (norm + 1e-6)
+            for p in engine.module.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+
     table[schedule.OptimizerStep] = guarded
     engine._INSTRUCTION_MAP = table
+    engine.clip_fp32_gradients = clip_with_pipeline_norm

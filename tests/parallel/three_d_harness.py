@@ -159,7 +159,9 @@ def build_engine(cfg, layout, *, load_universal: bool = False, deepspeed_fp32_cl
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=ds_config)
     if not bf16:
         trainer_engine.guard_fp32_step(engine)  # the global norm (BF16_Optimizer's rules) + non-finite skip
-        if not deepspeed_fp32_clip:  # deepspeed_fp32_clip: only to show DeepSpeed's pp > 1 clipping bug
+        if deepspeed_fp32_clip:  # only to show DeepSpeed's pp > 1 clipping bug: undo the trainer's fix
+            del engine.clip_fp32_gradients
+        else:  # the trainer's clipping, plus the norm summed in float64 for the tests
             install_fp32_clip(engine, cfg.optimizer.clip_grad)
     trainer_engine.install_replicated_grad_sync(engine, layout.tp)
     return engine
