@@ -22,8 +22,10 @@ stdlib-only (no torch, no pydantic).
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import os
+import re
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -267,3 +269,52 @@ def read_json(path: Path) -> Any | None:
 
 def now() -> float:
     return time.time()
+
+
+# -- checkpoint manifests -------------------------------------------------------------------------
+# MANIFEST.json: {"version": 1, "step": N, "files": {rel_path: {"size": bytes, "sha256": hex}}, ...},
+# written last by the trainer; a checkpoint without one (or that fails it) is not a checkpoint.
+CHECKPOINT_DIR_PATTERN = re.compile(r"^step_(\d+)$")
+
+
+def step_of(name: str) -> int | None:
+    """The step of a checkpoint directory name (step_NNNNNNN), None for anything else."""
+    match = CHECKPOINT_DIR_PATTERN.match(name)
+    return int(match.group(1)) if match else None
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_manifest(ckpt_dir: Path, shard: tuple[int, int] = (0, 1)) -> list[str]:
+    """Problems found (empty = good): every file of the manifest present, with its size and sha256.
+    `shard=(i, n)` checks every n-th file from i, so that n ranks verify in parallel."""
+    try:
+        manifest = read_json(Path(ckpt_dir) / MANIFEST_NAME)
+    except (OSError, ValueError) as exc:
+        return [f"{MANIFEST_NAME} unreadable: {exc}"]
+    if manifest is None:
+        return [f"no {MANIFEST_NAME} (the save did not finish)"]
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files:
+        return [f"{MANIFEST_NAME} lists no files"]
+    problems = []
+    index, count = shard
+    for rel in sorted(files)[index::count]:
+        expected = files[rel] or {}
+        path = Path(ckpt_dir) / rel
+        if not path.is_file():
+            problems.append(f"{rel}: missing")
+            continue
+        size = path.stat().st_size
+        if size != expected.get("size"):
+            problems.append(f"{rel}: size {size} != {expected.get('size')} in the manifest")
+            continue
+        if sha256_file(path) != expected.get("sha256"):
+            problems.append(f"{rel}: sha256 differs from the manifest (corrupted)")
+    return problems

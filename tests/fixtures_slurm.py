@@ -11,24 +11,18 @@ tests/conftest.py.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
+
+from orchestrator.cluster.local import port_busy
 
 TEST_CLUSTER_NODES = 4
 TEST_GPUS_PER_NODE = 2
 
 
 def _ports_free(ports: list[int]) -> bool:
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
+    return not any(port_busy(port) for port in ports)
 
 
 def _free_port_base(nodes: int) -> tuple[int, int]:

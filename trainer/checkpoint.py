@@ -18,10 +18,8 @@ names, so it can never delete the only good checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
-import re
 import shutil
 import sys
 import time
@@ -41,9 +39,11 @@ from orchestrator.protocol import (
     atomic_write_text,
     read_json,
     read_jsonl,
+    sha256_file,
+    step_of,
+    verify_manifest,
 )
 
-STEP_DIR = re.compile(r"^step_(\d+)$")
 DAMAGED_LOG = "damaged.jsonl"
 CLIENT_STATE_KEY = "trainer"
 
@@ -69,24 +69,11 @@ def _gather_to_all(obj: Any) -> list[Any]:
     return out
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def list_files(ckpt_dir: Path) -> list[str]:
     """Every file under the checkpoint, relative, sorted; the manifest itself excluded."""
     return sorted(
         str(p.relative_to(ckpt_dir)) for p in ckpt_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME
     )
-
-
-def step_of(name: str) -> int | None:
-    match = STEP_DIR.match(name)
-    return int(match.group(1)) if match else None
 
 
 # -- manifest --------------------------------------------------------------------------------
@@ -108,39 +95,10 @@ def write_manifest(ckpt_dir: Path, entries: dict[str, dict[str, Any]], meta: dic
     atomic_write_json(ckpt_dir / MANIFEST_NAME, manifest)
 
 
-def verify_checkpoint(ckpt_dir: Path, shard: tuple[int, int] = (0, 1)) -> list[str]:
-    """Problems found (empty = good). `shard=(i, n)` checks every n-th file from i (parallel verify)."""
-    manifest = None
-    try:
-        manifest = read_json(ckpt_dir / MANIFEST_NAME)
-    except (OSError, ValueError) as exc:
-        return [f"{MANIFEST_NAME} unreadable: {exc}"]
-    if manifest is None:
-        return [f"no {MANIFEST_NAME} (the save did not finish)"]
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
-        return [f"{MANIFEST_NAME} lists no files"]
-    problems = []
-    index, count = shard
-    for rel in sorted(files)[index::count]:
-        expected = files[rel]
-        path = ckpt_dir / rel
-        if not path.is_file():
-            problems.append(f"{rel}: missing")
-            continue
-        size = path.stat().st_size
-        if size != expected.get("size"):
-            problems.append(f"{rel}: size {size} != {expected.get('size')} in the manifest")
-            continue
-        if sha256_file(path) != expected.get("sha256"):
-            problems.append(f"{rel}: sha256 differs from the manifest")
-    return problems
-
-
 def verify_shared(ckpt_dir: Path) -> list[str]:
     """Collective: each rank verifies its share of the files; every rank gets all problems."""
     rank, world = _world()
-    problems = verify_checkpoint(ckpt_dir, shard=(rank, world))
+    problems = verify_manifest(ckpt_dir, shard=(rank, world))
     merged: list[str] = []
     for part in _gather_to_all(problems):
         merged.extend(part)

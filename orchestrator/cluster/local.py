@@ -310,7 +310,7 @@ class LocalCluster:
                 self._wait_idle(spec, timeout)
                 return self.status()
             self.down()
-        busy = [p for p in [spec.ctld_port, *range(spec.slurmd_base_port, spec.slurmd_base_port + spec.nodes)] if _port_busy(p)]
+        busy = [p for p in [spec.ctld_port, *range(spec.slurmd_base_port, spec.slurmd_base_port + spec.nodes)] if port_busy(p)]
         if busy:
             raise ClusterError(
                 f"port(s) {busy[:5]} on 127.0.0.1 are in use (another local cluster?): stop it with "
@@ -445,7 +445,7 @@ class LocalCluster:
         }
 
 
-def _port_busy(port: int) -> bool:
+def port_busy(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -116,8 +116,8 @@ class Rank:
             directory.mkdir(parents=True, exist_ok=True)
             data = json.dumps({"step": step}).encode()
             (directory / "state.json").write_bytes(data)
-            manifest = {"step": step, "files": [{"path": "state.json", "size": len(data),
-                                                 "sha256": hashlib.sha256(data).hexdigest()}]}
+            manifest = {"step": step, "files": {"state.json": {"size": len(data),
+                                                               "sha256": hashlib.sha256(data).hexdigest()}}}
             atomic_write_json(directory / "MANIFEST.json", manifest)
             atomic_write_text(self.paths.latest, directory.name)
 

@@ -24,7 +24,7 @@ def test_manifest_lists_every_file_and_verifies(tmp_path):
     manifest = ckpt.read_json(d / MANIFEST_NAME)
     assert set(manifest["files"]) == {"mp_rank_00_model_states.pt", "rng/rank-00000.pt"}
     assert manifest["files"]["rng/rank-00000.pt"]["size"] == 3
-    assert ckpt.verify_checkpoint(d) == []
+    assert ckpt.verify_manifest(d) == []
     assert ckpt.read_latest(paths) == "step_0000010"
 
 
@@ -35,13 +35,13 @@ def test_corruption_truncation_and_missing_manifest_are_detected(tmp_path):
     data = bytearray(blob.read_bytes())
     data[5] ^= 0xFF
     blob.write_bytes(bytes(data))
-    assert any("sha256" in p for p in ckpt.verify_checkpoint(d))
+    assert any("sha256" in p for p in ckpt.verify_manifest(d))
     blob.write_bytes(bytes(data[:-1]))
-    assert any("size" in p for p in ckpt.verify_checkpoint(d))
+    assert any("size" in p for p in ckpt.verify_manifest(d))
     (d / "rng" / "rank-00000.pt").unlink()
-    assert any("missing" in p for p in ckpt.verify_checkpoint(d))
+    assert any("missing" in p for p in ckpt.verify_manifest(d))
     e = fake_checkpoint(paths, 2, manifest=False)
-    assert "no MANIFEST" in ckpt.verify_checkpoint(e)[0]
+    assert "no MANIFEST" in ckpt.verify_manifest(e)[0]
 
 
 def test_resume_skips_damaged_newest_and_reports_it(tmp_path):

@@ -139,7 +139,7 @@ def test_kill_switch_and_time_budget_save_and_exit(tmp_path):
         paths = RunPaths.of(run)
         last_step = read_jsonl(paths.metrics)[-1]["step"]
         assert ckpt.read_latest(paths) == f"step_{last_step:07d}"
-        assert ckpt.verify_checkpoint(paths.checkpoint(last_step)) == []
+        assert ckpt.verify_manifest(paths.checkpoint(last_step)) == []
         assert reason in launch_local.read_log(run)
     budget_metrics = read_jsonl(RunPaths.of(budget).metrics)
     assert [(r["step"], r["skipped"]) for r in budget_metrics] == [(1, True)]
@@ -156,7 +156,7 @@ def test_two_ranks_agree_when_only_rank1_gets_sigusr1(tmp_path):
     assert codes == [ExitCode.TIME_BUDGET, ExitCode.TIME_BUDGET], launch_local.read_log(run, 1)
     paths = RunPaths.of(run)
     assert ckpt.read_latest(paths) == "step_0000003"
-    assert ckpt.verify_checkpoint(paths.checkpoint(3)) == []
+    assert ckpt.verify_manifest(paths.checkpoint(3)) == []
     assert {p.name for p in (paths.checkpoint(3) / "rng").iterdir()} == {"rank-00000.pt", "rank-00001.pt"}
     assert "pre-timeout signal SIGUSR1" in launch_local.read_log(run, 1)
     assert "stopping at step 3" in launch_local.read_log(run, 0)
