@@ -11,7 +11,7 @@ TORCH_PIN := torch==2.13.0
 export DS_ACCELERATOR ?= cpu
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test lint install data clean bench-cpu
+.PHONY: demo test lint install data clean bench-cpu gpu-check
 
 install: $(STAMP)
 
@@ -25,19 +25,24 @@ $(STAMP): setup.cfg pyproject.toml
 data: $(STAMP)
 	$(PY) -m trainer.data.prepare_corpus --out data/corpus
 
-test: $(STAMP) data
-	$(PY) -m ruff check .
+test: $(STAMP) data lint
 	$(PY) -m pytest -q
 
+# `make demo DEMO_ARGS=--mock`: the demo on the mocked SLURM (NOT SLURM) where no local cluster can run.
 demo: $(STAMP) data
-	$(PY) -m orchestrator.demo
+	$(PY) -m orchestrator.demo $(DEMO_ARGS)
 
+# `make test` runs these too (its `lint` prerequisite), so that CI keeps them true.
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check orchestrator
 
 bench-cpu: $(STAMP) data
 	$(PY) bench/run_cpu.py
+
+# On a machine with a GPU: GPU tests and benchmarks in one run, under 8 minutes (skips cleanly without one).
+gpu-check: $(STAMP) data
+	$(PY) bench/gpu_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from orchestrator.config import parse_config  # noqa: E402
-from orchestrator.controller import Controller, assess, read_heartbeats  # noqa: E402
+from orchestrator.controller import Controller, Liveness, assess, read_heartbeats  # noqa: E402
 from orchestrator.controller.timeouts import PhaseTimeouts  # noqa: E402
 from orchestrator.protocol import Heartbeat, RunPaths, atomic_write_json, atomic_write_text  # noqa: E402
 from orchestrator.slurm.base import JobInfo, JobState  # noqa: E402
@@ -83,11 +83,14 @@ def bench(ranks: int, passes: int) -> dict:
         now = time.time()
         write_beats(paths, ranks, "42", now)
         timeouts = PhaseTimeouts.from_watchdog(cfg.watchdog)
+        liveness = Liveness()
         detect, detect_cpu = [], []
         for _ in range(passes):
             t0, c0 = time.perf_counter(), time.process_time()
             beats = read_heartbeats(paths.heartbeats)
-            result = assess(beats, job_id="42", job_started=now - 3600, world_size=ranks, now=time.time(),
+            mono = time.monotonic()
+            views = liveness.observe(beats, "42", mono)
+            result = assess(views, job_id="42", job_seen_at=liveness.job_seen_at, world_size=ranks, now=mono,
                             dead_after=cfg.watchdog.dead_after_seconds, timeouts=timeouts)
             detect.append(time.perf_counter() - t0)
             detect_cpu.append(time.process_time() - c0)

@@ -18,6 +18,8 @@ CPU_BENCHMARKS = [
     "parallel_layouts.py",
     "controller_supervision.py",
     "controller_latency.py",
+    "soak_month.py",
+    "async_checkpoint.py",
 ]
 
 

@@ -19,7 +19,8 @@ from orchestrator.controller.detection import read_heartbeats
 from orchestrator.controller.exclude import read_excluded
 from orchestrator.controller.lock import lock_holder
 from orchestrator.controller.state import load_state, read_events
-from orchestrator.protocol import RunPaths
+from orchestrator.protocol import JobState, RunPaths
+from orchestrator.textsafe import for_rich, for_terminal
 
 GRID_COLUMNS = 12  # 48 nodes -> 4 rows
 
@@ -69,9 +70,8 @@ def dashboard_data(run_dir: str | os.PathLike[str], now: float | None = None) ->
     eta = None
     if total_steps and last.get("step") is not None and step_seconds:
         eta = max(0, total_steps - last["step"]) * sum(step_seconds) / len(step_seconds)
-    ckpt_dir = paths.checkpoints
-    if cfg is not None and Path(cfg.checkpoint.dir).is_absolute():
-        ckpt_dir = Path(cfg.checkpoint.dir)
+    # Where the config puts them (checkpoint.dir), by the contract's one rule, as the trainer does.
+    ckpt_dir = (RunPaths.of(paths.root, cfg.checkpoint.dir) if cfg is not None else paths).checkpoints
     complete = [c for c in list_checkpoints(ckpt_dir) if c.complete]
     last_ckpt = complete[-1] if complete else None
     next_due = {}
@@ -81,7 +81,7 @@ def dashboard_data(run_dir: str | os.PathLike[str], now: float | None = None) ->
             next_due["step"] = base + cfg.checkpoint.interval_steps
         if cfg.checkpoint.interval_hours and last_ckpt and last_ckpt.saved_at:
             next_due["in_seconds"] = last_ckpt.saved_at + cfg.checkpoint.interval_hours * 3600 - now
-    live_job = next((j for j in reversed(state.jobs) if j.state == "running"), None)
+    live_job = next((j for j in reversed(state.jobs) if j.state == JobState.RUNNING), None)
     job_id = live_job.job_id if live_job else (state.jobs[-1].job_id if state.jobs else None)
     nodes: dict[str, dict[str, Any]] = {}
     for beat in read_heartbeats(paths.heartbeats):
@@ -91,9 +91,13 @@ def dashboard_data(run_dir: str | os.PathLike[str], now: float | None = None) ->
         if live_job and live_job.nodes and host not in live_job.nodes and cfg is not None:
             index = beat.get("rank", 0) // cfg.cluster.gpus_per_node
             host = live_job.nodes[index] if index < len(live_job.nodes) else host
-        entry = nodes.setdefault(host, {"age": 0.0, "ranks": 0, "phase": beat.get("phase"), "step": beat.get("step")})
+        entry = nodes.setdefault(
+            host, {"age": 0.0, "ranks": 0, "phase": beat.get("phase"), "step": beat.get("step")}
+        )
         entry["age"] = max(entry["age"], now - beat.get("beat_time", 0))
-        entry["stalled"] = max(entry.get("stalled", 0.0), now - max(beat.get("progress_time", 0), beat.get("phase_started", 0)))
+        entry["stalled"] = max(
+            entry.get("stalled", 0.0), now - max(beat.get("progress_time", 0), beat.get("phase_started", 0))
+        )
         entry["ranks"] += 1
     return {
         "run": cfg.name if cfg else paths.root.name,
@@ -113,6 +117,7 @@ def dashboard_data(run_dir: str | os.PathLike[str], now: float | None = None) ->
             "metrics_age": (now - last["time"]) if last.get("time") else None,
         },
         "checkpoint": {
+            "dir": str(ckpt_dir),
             "last_step": last_ckpt.step if last_ckpt else None,
             "age_seconds": (now - last_ckpt.saved_at) if last_ckpt and last_ckpt.saved_at else None,
             "size_bytes": last_ckpt.size_bytes if last_ckpt else None,
@@ -124,7 +129,20 @@ def dashboard_data(run_dir: str | os.PathLike[str], now: float | None = None) ->
         "heartbeat_seconds": cfg.watchdog.heartbeat_seconds if cfg else 10.0,
         "excluded": read_excluded(paths),
         "events": read_events(paths, last=8),
+        "goodput": _goodput(paths, now, ckpt_dir),
     }
+
+
+def _goodput(paths: RunPaths, now: float, ckpt_dir: Path) -> dict[str, Any] | None:
+    """Whole-run and 24 h goodput with their largest losses (orchestrator.goodput)."""
+    from orchestrator.goodput import run_breakdown  # noqa: PLC0415
+
+    try:
+        breakdown = run_breakdown(paths.root, now=now, checkpoints_dir=ckpt_dir)
+    except (OSError, ValueError, TypeError, KeyError):  # a dashboard shows what it can
+        return None
+    return {window: {"goodput": breakdown[window]["goodput"], "fraction": breakdown[window]["fraction"]}
+            for window in ("whole_run", "last_24h")}  # fmt: skip
 
 
 def _ago(seconds: float | None) -> str:
@@ -142,8 +160,16 @@ def _clock(stamp: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(stamp)) if stamp else "-"
 
 
-STATUS_STYLE = {"running": "green", "finished": "bold green", "killed": "yellow", "killing": "yellow",
-                "crash_loop": "bold red", "restarting": "magenta", "waiting": "cyan", "config_error": "bold red"}
+STATUS_STYLE = {
+    "running": "green",
+    "finished": "bold green",
+    "killed": "yellow",
+    "killing": "yellow",
+    "crash_loop": "bold red",
+    "restarting": "magenta",
+    "waiting": "cyan",
+    "config_error": "bold red",
+}
 
 
 def render_dashboard(run_dir: str | os.PathLike[str], data: dict[str, Any] | None = None):
@@ -159,8 +185,10 @@ def render_dashboard(run_dir: str | os.PathLike[str], data: dict[str, Any] | Non
     head.append(f"run {d['run']}  ", style="bold")
     head.append(d["status"].upper(), style=STATUS_STYLE.get(d["status"], "white"))
     head.append(f"   restarts {d['restarts']}   controller: ")
-    head.append(f"pid {ctl.get('pid')} on {ctl.get('host')}" if ctl else "not running",
-                style="green" if ctl else "red")
+    head.append(
+        f"pid {ctl.get('pid')} on {ctl.get('host')}" if ctl else "not running",
+        style="green" if ctl else "red",
+    )
     if d["last_pass_age"] is not None:
         head.append(f" (last pass {_ago(d['last_pass_age'])} ago)")
     parts.append(head)
@@ -170,9 +198,15 @@ def render_dashboard(run_dir: str | os.PathLike[str], data: dict[str, Any] | Non
         jobs.add_column(column)
     for job in d["jobs"][-8:]:
         nodes = job.get("nodes") or []
-        jobs.add_row(job["job_id"], job.get("reason", ""), job.get("state", ""), job.get("outcome") or "",
-                     ",".join(nodes[:4]) + ("..." if len(nodes) > 4 else ""), _clock(job.get("started_at")),
-                     _clock(job.get("ended_at")))
+        jobs.add_row(  # Table cells are rich markup: escape (a reason may hold "[/]" or ANSI codes)
+            for_rich(job["job_id"]),
+            for_rich(job.get("reason", "")),
+            for_rich(job.get("state", "")),
+            for_rich(job.get("outcome") or ""),
+            for_rich(",".join(nodes[:4]) + ("..." if len(nodes) > 4 else "")),
+            _clock(job.get("started_at")),
+            _clock(job.get("ended_at")),
+        )
     parts.append(jobs)
 
     t, c = d["training"], d["checkpoint"]
@@ -187,8 +221,10 @@ def render_dashboard(run_dir: str | os.PathLike[str], data: dict[str, Any] | Non
         line.append(f"{t['tflops_per_gpu']:.2f} TFLOPs/GPU  ")
     line.append(f"ETA {_ago(t['eta_seconds'])}")
     parts.append(line)
-    ck = Text(f"checkpoint: last step {c['last_step'] if c['last_step'] is not None else '-'}, "
-              f"{_ago(c['age_seconds'])} ago")
+    ck = Text(
+        f"checkpoint: last step {c['last_step'] if c['last_step'] is not None else '-'}, "
+        f"{_ago(c['age_seconds'])} ago"
+    )
     due = c["next_due"]
     if due.get("step") is not None:
         ck.append(f"; next at step {due['step']}")
@@ -196,10 +232,20 @@ def render_dashboard(run_dir: str | os.PathLike[str], data: dict[str, Any] | Non
         ck.append(f"; next by time in {_ago(due['in_seconds'])}")
     parts.append(ck)
 
+    if d.get("goodput") and d["goodput"]["whole_run"]["goodput"] is not None:
+        parts.append(Text(_goodput_line(d["goodput"])))
     parts.append(_heartbeat_grid(d))
     if d["excluded"]:
-        parts.append(Text("excluded nodes: " + ", ".join(f"{n} ({v.get('reason', '')})" for n, v in d["excluded"].items()),
-                          style="yellow"))
+        parts.append(
+            Text(
+                "excluded nodes: "
+                + ", ".join(
+                    f"{for_terminal(n)} ({for_terminal(v.get('reason', ''))})"
+                    for n, v in d["excluded"].items()
+                ),
+                style="yellow",
+            )
+        )
     else:
         parts.append(Text("excluded nodes: none"))
     events = Table(title="recent events", title_justify="left", show_header=False, pad_edge=False, box=None)
@@ -208,9 +254,28 @@ def render_dashboard(run_dir: str | os.PathLike[str], data: dict[str, Any] | Non
     events.add_column("detail", overflow="fold")
     for event in d["events"]:
         detail = {k: v for k, v in event.items() if k not in ("time", "event")}
-        events.add_row(_clock(event.get("time")), event.get("event", ""), json.dumps(detail, default=str)[:110])
+        events.add_row(
+            _clock(event.get("time")),
+            for_rich(event.get("event", "")),
+            for_rich(json.dumps(detail, default=str)[:110]),
+        )
     parts.append(events)
     return Group(*parts)
+
+
+def _goodput_line(goodput: dict[str, Any]) -> str:
+    from orchestrator.goodput import LABELS  # noqa: PLC0415
+
+    whole, day = goodput["whole_run"], goodput["last_24h"]
+    losses = sorted(
+        ((v or 0.0, k) for k, v in whole["fraction"].items() if k != "useful_training"), reverse=True
+    )[:3]
+    lost = ", ".join(f"{LABELS[k].split(' (')[0]} {v:.0%}" for v, k in losses if v > 0)
+    return (
+        f"goodput: {whole['goodput']:.1%} whole run, {day['goodput'] or 0:.1%} last 24 h"
+        + (f"; lost to {lost}" if lost else "")
+        + " (runctl report)"
+    )
 
 
 def _heartbeat_grid(d: dict[str, Any]):
@@ -231,7 +296,7 @@ def _heartbeat_grid(d: dict[str, Any]):
     for index, (node, info) in enumerate(d["nodes"].items()):
         age = info["age"]
         style = "green" if age < late else "yellow" if age < d["dead_after"] else "bold red"
-        grid.append(f" {node[len(prefix):]:>{width}} {_ago(age):>4}", style=style)
+        grid.append(f" {for_terminal(node[len(prefix) :]):>{width}} {_ago(age):>4}", style=style)
         if (index + 1) % GRID_COLUMNS == 0:
             grid.append("\n")
     return grid

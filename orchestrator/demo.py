@@ -8,8 +8,9 @@
    resumes from the last checkpoint;
 4. when training finishes, print the summary and where the report (loss curve PNG) is.
 
-Without root or Debian's SLURM packages it falls back to the mocked SLURM in execute mode (batch
-scripts run on this machine through an srun shim; NOT SLURM) and says so.
+Without root or Debian's SLURM packages it stops and says why. `--mock` (or RUNCTL_SCHEDULER=mock;
+`make demo DEMO_ARGS=--mock`) runs it on the mocked SLURM in execute mode instead (batch scripts run
+on this machine through an srun shim; NOT SLURM): the mock is chosen only when asked for.
 """
 
 from __future__ import annotations
@@ -43,9 +44,13 @@ def real_cluster_or_reason(nodes: int):
     cluster = LocalCluster(DEMO_CLUSTER_DIR)
     try:
         # Ports away from the default cluster (16817/17001+) and the test clusters (26000+).
-        cluster.up(ClusterSpec(nodes=nodes, gpus_per_node=1, cpus_per_node=2, ctld_port=16717, slurmd_base_port=16721),
-                   timeout=180)
-    except Exception as exc:  # any failure to start SLURM -> the mock, with the reason
+        cluster.up(
+            ClusterSpec(
+                nodes=nodes, gpus_per_node=1, cpus_per_node=2, ctld_port=16717, slurmd_base_port=16721
+            ),
+            timeout=180,
+        )
+    except Exception as exc:  # any failure to start SLURM: the reason, for the error message
         return None, f"the local SLURM cluster did not come up: {exc}"
     return cluster, None
 
@@ -59,13 +64,22 @@ def prepare(args, run_dir: Path):
     cluster = cfg.cluster.model_copy(update={"python": sys.executable})
     cfg = cfg.model_copy(update={"cluster": cluster})
     if args.dataset:
-        data = cfg.data.model_copy(update={"datasets": [cfg.data.datasets[0].model_copy(
-            update={"path": str(Path(args.dataset).resolve()), "weight": 1.0})]})
+        data = cfg.data.model_copy(
+            update={
+                "datasets": [
+                    cfg.data.datasets[0].model_copy(
+                        update={"path": str(Path(args.dataset).resolve()), "weight": 1.0}
+                    )
+                ]
+            }
+        )
         cfg = cfg.model_copy(update={"data": data})
     missing = [d.path for d in cfg.data.datasets if not Path(d.path + ".idx").exists()]
     if missing:
-        raise SystemExit(f"demo: dataset {missing[0]}.bin/.idx not found: build the corpus first "
-                         f"(`make data`, or python -m trainer.data.preprocess), or pass --dataset PREFIX")
+        raise SystemExit(
+            f"demo: dataset {missing[0]}.bin/.idx not found: build the corpus first "
+            f"(`make data`, or python -m trainer.data.preprocess), or pass --dataset PREFIX"
+        )
     prepare_run_dir(cfg, run_dir)
     return cfg
 
@@ -75,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=str(DEMO_CONFIG))
     parser.add_argument("--run-dir", help="default: runs/demo-<time>")
     parser.add_argument("--dataset", help="dataset prefix to use instead of the config's")
-    parser.add_argument("--mock", action="store_true", help="use the mocked SLURM even where a real cluster could run")
+    parser.add_argument(
+        "--mock", action="store_true", help="use the mocked SLURM even where a real cluster could run"
+    )
     parser.add_argument("--keep-cluster", action="store_true", help="leave the local cluster up at the end")
     parser.add_argument("--no-fault", action="store_true", help="do not kill a rank")
     parser.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
@@ -88,7 +104,16 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = Path(args.run_dir or REPO / "runs" / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     env = {**os.environ, "TRAINER_TENSORBOARD": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cluster, why_not = (None, "--mock given") if args.mock else real_cluster_or_reason(nodes=5)
+    use_mock = args.mock or os.environ.get("RUNCTL_SCHEDULER", "").strip().lower() == "mock"
+    cluster, why_not = (None, "the mock was asked for") if use_mock else real_cluster_or_reason(nodes=5)
+    if cluster is None and not use_mock:
+        print(
+            f"demo: no local SLURM cluster: {why_not}.\nRun it as root on Debian (the demo installs "
+            "slurm-wlm), or on the mocked SLURM (NOT SLURM): `make demo DEMO_ARGS=--mock` or "
+            "`python -m orchestrator.demo --mock`",
+            file=sys.stderr,
+        )
+        return 2
     if cluster is not None:
         from orchestrator.slurm.real import SlurmScheduler
 
@@ -97,17 +122,21 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from orchestrator.slurm.mock import MockScheduler
 
-        say(f"NOT SLURM: {why_not}. Falling back to the mocked SLURM in execute mode (the batch script runs "
-            "on this machine through an srun shim; node names are pretend and excluding one changes nothing)")
+        say(
+            f"NOT SLURM: {why_not}. Using the mocked SLURM in execute mode (the batch script runs "
+            "on this machine through an srun shim; node names are pretend and excluding one changes nothing)"
+        )
         os.environ.setdefault("RUNCTL_MOCK_SLURM_DIR", str(run_dir.parent / ".mock-slurm"))
         scheduler = MockScheduler(directory=os.environ["RUNCTL_MOCK_SLURM_DIR"], execute=True)
 
     cfg = prepare(args, run_dir)
     total = -(-cfg.train_samples // cfg.parallel.global_batch_size)
     job = submit_job(run_dir, cfg, scheduler, reason="demo")
-    say(f"submitted {Path(args.config).name} as job {job}: {cfg.world_size} ranks (tp={cfg.parallel.tp} "
+    say(
+        f"submitted {Path(args.config).name} as job {job}: {cfg.world_size} ranks (tp={cfg.parallel.tp} "
         f"pp={cfg.parallel.pp} dp={cfg.dp}), {total} steps, a checkpoint every {cfg.checkpoint.interval_steps} steps; "
-        f"run directory {run_dir}")
+        f"run directory {run_dir}"
+    )
     controller = Controller(run_dir, cfg, scheduler, stack_wait_seconds=3.0)
     controller.start()
     fault = {"done": args.no_fault}
@@ -115,14 +144,22 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_pass(result) -> None:
         events = read_events(controller.paths)
-        for event in events[seen["events"]:]:
+        for event in events[seen["events"] :]:
             detail = {k: v for k, v in event.items() if k not in ("time", "event", "ranks")}
             print(f"[controller] {event['event']}: {json.dumps(detail, default=str)[:220]}", flush=True)
         seen["events"] = len(events)
         a = result.assessment
         if a and a.max_step is not None and int(time.time()) % 5 == 0:
-            print(f"[watch] job {a.job_id}: {a.ranks_seen} ranks beating, step {a.max_step}/{total}", flush=True)
-        if not fault["done"] and a and a.max_step is not None and a.max_step >= total // 2 + 3 and a.reference:
+            print(
+                f"[watch] job {a.job_id}: {a.ranks_seen} ranks beating, step {a.max_step}/{total}", flush=True
+            )
+        if (
+            not fault["done"]
+            and a
+            and a.max_step is not None
+            and a.max_step >= total // 2 + 3
+            and a.reference
+        ):
             victim = _rank_beat(controller, a.job_id, 1)
             if victim:
                 say(f"SIMULATED GPU FAILURE: SIGKILL rank 1 (pid {victim['pid']}) at step {victim['step']}")
@@ -140,17 +177,26 @@ def main(argv: list[str] | None = None) -> int:
     say(f"run {status} after {time.monotonic() - began:.0f} s")
     summary = write_report(run_dir)
     for n, incident in enumerate(summary["incidents"], 1):
-        print(f"incident {n}: {incident['cause']} in job {incident['failed_job']}; detected "
-              f"{_s(incident['detection_latency_s'])} after the failure; training again after "
-              f"{_s(incident['failure_to_first_step_s'])}; resumed from step {incident['resume_step']}, "
-              f"lost {incident['work_lost_steps']} step(s); excluded {incident['excluded'] or 'none'}")
-    if summary["goodput"] is not None:
-        print(f"{summary['steps']} steps, final loss {summary['final_loss']:.4f}, goodput {summary['goodput']:.1%}")
-    print(f"report: {summary['loss_png'] or summary.get('loss_png_skipped')}\nsummary: {summary['summary_json']}")
+        print(
+            f"incident {n}: {incident['cause']} in job {incident['failed_job']}; detected "
+            f"{_s(incident['detection_latency_s'])} after the failure; training again after "
+            f"{_s(incident['failure_to_first_step_s'])}; resumed from step {incident['resume_step']}, "
+            f"lost {incident['work_lost_steps']} step(s); excluded {incident['excluded'] or 'none'}"
+        )
+    if summary["final_loss"] is not None:
+        print(f"{summary['steps']} steps, final loss {summary['final_loss']:.4f}")
+    print(
+        f"report: {summary['loss_png'] or summary.get('loss_png_skipped')}\nsummary: {summary['summary_json']}"
+    )
     print(f"look around: runctl status {run_dir}; runctl events {run_dir}; runctl report {run_dir}")
     if cluster is not None and not args.keep_cluster:
         cluster.down()
         say("local cluster stopped (--keep-cluster keeps it)")
+    if summary["goodput"] is not None:  # the demo ends with where its wall time went
+        from orchestrator.cli.report_cmd import print_goodput
+
+        say("where the wall time went (orchestrator/goodput.py)")
+        print_goodput(summary)
     return 0 if status == RunStatus.FINISHED else 1
 
 

@@ -2,6 +2,10 @@
 
 A notification that fails is logged (returned and written to events.jsonl by the caller), never
 raised: a flaky chat server must not stop the controller that keeps a 384-GPU run alive.
+
+A webhook URL is a secret (whoever has it can post to the channel: Slack and Teams put the token in
+the path), and events.jsonl is readable by every operator: a problem names the webhook only by its
+scheme and host (`redact_url`), and the exception text is scrubbed of the URL too.
 """
 
 from __future__ import annotations
@@ -11,12 +15,15 @@ import smtplib
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from email.message import EmailMessage
 from typing import Any
 
 
-def notify(settings: Any, run_name: str, kind: str, message: str, details: dict[str, Any] | None = None) -> list[str]:
+def notify(
+    settings: Any, run_name: str, kind: str, message: str, details: dict[str, Any] | None = None
+) -> list[str]:
     """Send `kind` (failure, hang, restart, kill, crash_loop, finish, disk) where configured.
 
     Returns the list of problems (empty when everything that was configured got through).
@@ -39,22 +46,52 @@ def notify(settings: Any, run_name: str, kind: str, message: str, details: dict[
     return problems
 
 
+def redact_url(url: str) -> str:
+    """scheme://host[:port]/<redacted>: enough to tell which service failed, not to post to it."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<webhook URL redacted>"
+    return f"{parts.scheme or '?'}://{host}{port}/<redacted>"
+
+
+def _scrub(text: str, url: str) -> str:
+    """Remove the URL (and its path and query, which hold the token) from an error message."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        secrets = [url, parts.path, parts.query, parts.username or "", parts.password or ""]
+    except ValueError:
+        secrets = [url]
+    for secret in sorted((s for s in secrets if s and s != "/"), key=len, reverse=True):
+        text = text.replace(secret, "<redacted>")
+    return text
+
+
 def _post_webhook(url: str, payload: dict[str, Any], timeout: float) -> list[str]:
     # Slack-style hooks show "text"; everything else reads the structured fields.
-    body = json.dumps({"text": f"[{payload['run']}] {payload['event']}: {payload['message']}", **payload}).encode()
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    body = json.dumps(
+        {"text": f"[{payload['run']}] {payload['event']}: {payload['message']}", **payload}
+    ).encode()
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - URL from the config
             if response.status >= 300:
-                return [f"webhook {url}: HTTP {response.status}"]
+                return [f"webhook {redact_url(url)}: HTTP {response.status}"]
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        return [f"webhook {url}: {exc}"]
+        return [f"webhook {redact_url(url)}: {_scrub(str(exc), url)}"]
     return []
 
 
 def _send_email(email: Any, payload: dict[str, Any], timeout: float) -> list[str]:
     msg = EmailMessage()
-    msg["Subject"] = f"[{payload['run']}] {payload['event']}: {payload['message'][:120]}"
+    # A header is one line: a newline in a message (a reason, srun's output) would make
+    # EmailMessage raise, and the notification would be lost.
+    subject = " ".join(f"[{payload['run']}] {payload['event']}: {payload['message']}".split())
+    msg["Subject"] = subject[:160]
     msg["From"] = email.sender
     msg["To"] = ", ".join(email.to)
     msg.set_content(

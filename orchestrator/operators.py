@@ -1,16 +1,34 @@
-"""Who may kill, resume or change a run, and the audit trail of who did.
+"""Who may kill, resume or change a run; the modes that make it hold; the audit trail.
 
 An operator is the run's owner (the owner of the run directory), a user listed in
-`operators.users`, or a member of `operators.group` (primary or supplementary). Every action, and
-every refused attempt, goes to <run_dir>/audit.jsonl with user, time, action, reason, allowed.
+`operators.users`, or a member of `operators.group` (primary or supplementary). The threat model
+is docs/security.md; in short, the owner's processes (controller, trainer, the owner's CLI) are
+the only writers of everything the controller trusts, and operators only drop request files.
 
-Permissions that make this hold on a shared filesystem (GPFS, NFS):
-- control/ is owned by the operators' group, mode 2775: group-writable so any operator can drop a
-  request, setgid so every file created in it belongs to that group, nothing world-writable.
-- audit.jsonl is group-writable (0664, operators' group): operators append, others read.
-- A non-operator cannot write either. Their refused attempt is dropped as one file in
-  audit-inbox/ (mode 1733: like /tmp, sticky, others can create but not list, read or delete), and
-  the controller, running as the owner, moves it into audit.jsonl on its next pass.
+Modes set by `prepare_permissions` (the controller calls it at start):
+
+    <run_dir>/         2750  operators' group: operators read and traverse, nobody else
+    run.yaml           0640  holds cluster.env and the webhook URL: never world-readable
+    jobs/*/job.sbatch  0750  same secrets (the exported env)
+    state.json,
+    events.jsonl,
+    audit.jsonl        0644  (within the 2750 root: operators read them; only the owner writes)
+    control/           2770  operators' group: the drop box for kill/resume requests; setgid so a
+                             request belongs to the group. Without a usable operators.group it is
+                             0700: only the owner may drop requests (never the owner's whole
+                             primary group).
+    accepted/          0755  requests the controller authenticated (see controller/requests.py)
+    quarantine/        0700  what the controller refused or could not read safely, kept as evidence
+
+A non-operator cannot read the run at all (the root is 2750), so there is nothing to attempt and
+nothing for such a user to write: the audit trail holds what the controller authenticated.
+`audit-inbox/` (1733, where a refused attempt used to be dropped by the client) is no longer made;
+`merge_inbox` drains one left in an older run directory, trusting nothing in it.
+
+Nothing here follows a symbolic link: an entry another user planted is skipped (and the
+controller's request intake quarantines it), never chowned or chmodded.
+`check_trust` is the StrictModes check: the controller refuses to start while a file it trusts is
+writable by someone who is not the owner, and says the exact chmod/chown that fixes it.
 """
 
 from __future__ import annotations
@@ -22,17 +40,31 @@ import os
 import pwd
 import secrets
 import socket
+import stat
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import PermissionDeniedError
-from orchestrator.protocol import RunPaths, append_jsonl, read_jsonl
+from orchestrator.protocol import RunPaths, UntrustedFileError, append_jsonl, read_jsonl, read_untrusted
+from orchestrator.textsafe import cap, for_terminal
 
-CONTROL_DIR_MODE = 0o2775
-AUDIT_FILE_MODE = 0o664
+ROOT_MODE = 0o2750
+CONTROL_DIR_MODE = 0o2770
+CONTROL_DIR_MODE_NO_GROUP = 0o700
+ACCEPTED_DIR_MODE = 0o755
+QUARANTINE_DIR_MODE = 0o700
+TRUSTED_FILE_MODE = 0o644  # state.json, events.jsonl, audit.jsonl
+SECRET_FILE_MODE = 0o640  # run.yaml
+SECRET_SCRIPT_MODE = 0o750  # jobs/*/job.sbatch
 INBOX_NAME = "audit-inbox"
 INBOX_MODE = 0o1733
+QUARANTINE_NAME = "quarantine"
+QUARANTINE_MAX_ENTRIES = 200  # beyond this, a refused entry is deleted and only its record kept
+INBOX_MAX_PER_PASS = 50  # a flood of inbox files costs the controller at most this much per pass
+INBOX_MAX_BYTES = 4096
+TRUST_MAX_ENTRIES = 20000  # check_trust walks at most this many entries (a start-up cost on GPFS)
 
 
 @dataclass(frozen=True)
@@ -55,6 +87,21 @@ class User:
             except KeyError:
                 continue
         return cls(name=name, uid=uid, groups=frozenset(groups))
+
+    @classmethod
+    def of_uid(cls, uid: int) -> User:
+        """Who owns a file: the name and groups of `uid` from the user database (not from the file)."""
+        try:
+            entry = pwd.getpwuid(uid)
+        except KeyError:
+            return cls(name=str(uid), uid=uid, groups=frozenset())
+        groups = set()
+        for gid in os.getgrouplist(entry.pw_name, entry.pw_gid):
+            try:
+                groups.add(grp.getgrgid(gid).gr_name)
+            except KeyError:
+                continue
+        return cls(name=entry.pw_name, uid=uid, groups=frozenset(groups))
 
 
 def run_owner(paths: RunPaths) -> str:
@@ -83,119 +130,370 @@ def operator_basis(operators: Any, paths: RunPaths, user: User) -> str | None:
     return None
 
 
+def _is_owner(paths: RunPaths) -> bool:
+    return os.geteuid() == paths.root.stat().st_uid
+
+
 def audit(paths: RunPaths, user: User, action: str, reason: str, allowed: bool, **extra: Any) -> None:
+    """Record an action taken by the owner's own CLI (the owner's processes are the only writers of
+    audit.jsonl). Anyone else's request is audited by the controller when it authenticates the
+    request file; what a client says about itself is not evidence, so nothing else is written."""
     record = {
         "time": time.time(),
         "user": user.name,
         "uid": user.uid,
         "host": socket.gethostname(),
         "action": action,
-        "reason": reason,
+        "reason": cap(for_terminal(reason)),
         "allowed": allowed,
         **extra,
     }
-    try:
+    if _is_owner(paths):
         append_jsonl(paths.audit, record)
-        return
-    except PermissionError:
-        pass
-    # Not allowed to write the audit log: leave the record in the drop box for the controller.
-    inbox = paths.root / INBOX_NAME
-    name = f"{int(record['time'] * 1000)}-{user.name}-{secrets.token_hex(4)}.json"
-    try:
-        fd = os.open(inbox / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except OSError as exc:
-        raise PermissionDeniedError(
-            f"cannot record this attempt in {paths.audit} or {inbox}: {exc}"
-        ) from None
-    with os.fdopen(fd, "w") as handle:
-        json.dump({**record, "via": "audit-inbox"}, handle)
 
 
-def require_operator(paths: RunPaths, operators: Any, action: str, reason: str, **extra: Any) -> User:
-    """Audit the attempt; raise PermissionDeniedError (EXIT_PERMISSION) for a non-operator."""
+def require_operator(paths: RunPaths, operators: Any, action: str) -> User:
+    """The current user, or PermissionDeniedError (EXIT_PERMISSION) for a non-operator. This check
+    only spares a non-operator a confusing failure; what enforces the rule is the kernel (the root
+    is 2750, control/ 2770) and the controller's check of the owner of each request file, which is
+    also where a kill or resume is audited (orchestrator/controller/requests.py)."""
     user = User.current()
-    basis = operator_basis(operators, paths, user)
-    audit(paths, user, action, reason, allowed=basis is not None, basis=basis, **extra)
-    if basis is None:
+    if operator_basis(operators, paths, user) is None:
         who = ", ".join(operators.users or []) or "nobody"
         raise PermissionDeniedError(
             f"user {user.name!r} is not an operator of this run and may not {action} it. "
             f"Operators: the owner ({run_owner(paths)}), users [{who}], group {operators.group or '(none)'}. "
-            f"This attempt was audited. Ask the owner to add you to operators in the run config."
+            f"Ask the owner to add you to operators.group."
         )
     return user
 
 
-def merge_inbox(paths: RunPaths) -> int:
-    """Move refused attempts dropped in audit-inbox/ into audit.jsonl (run as the owner)."""
+def cannot_write_control(paths: RunPaths, operators: Any, user: User, exc: OSError) -> PermissionDeniedError:
+    """The error for an operator the kernel does not let write control/ (e.g. listed in
+    operators.users but not a member of operators.group)."""
+    group = operators.group
+    fix = (
+        f"ask the owner ({run_owner(paths)}) to add you to group {group} (then log in again)"
+        if group
+        else f"ask the owner ({run_owner(paths)}) to set operators.group to a group you are in"
+    )
+    return PermissionDeniedError(
+        f"user {user.name!r} is an operator of this run on paper, but cannot write {paths.control} "
+        f"({exc.strerror}): {fix}, or a site admin may grant an ACL "
+        f"(setfacl -m u:{user.name}:rwx {paths.control}; see docs/security.md). Nothing was requested."
+    )
+
+
+# -- the audit inbox --------------------------------------------------------------------------------
+def merge_inbox(paths: RunPaths, clock=time.time) -> list[dict[str, Any]]:
+    """Drain the audit-inbox/ of a run directory made before issue 12 into audit.jsonl (run as the
+    owner; read_requests calls it every pass). New runs have no inbox.
+
+    The writer is the file's st_uid; `allowed` is always false (an allowed action never goes
+    through the inbox); action and reason are sanitised and capped. A file that is not a small
+    regular file, or not a JSON object, is quarantined. Each file is handled once (moved or
+    removed), at most INBOX_MAX_PER_PASS per call. Returns events for events.jsonl."""
     inbox = paths.root / INBOX_NAME
     try:
-        names = sorted(os.listdir(inbox))
+        names = sorted(os.listdir(inbox))[:INBOX_MAX_PER_PASS]
     except OSError:
-        return 0
-    moved = 0
+        return []
+    events: list[dict[str, Any]] = []
     for name in names:
         path = inbox / name
         try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
+            data, info = read_untrusted(path, INBOX_MAX_BYTES)
+        except FileNotFoundError:
             continue
-        append_jsonl(paths.audit, record)
+        except UntrustedFileError as exc:
+            events.append(quarantine(paths, path, exc.reason, clock))
+            continue
+        try:
+            record = json.loads(data.decode("utf-8", errors="replace"))
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            events.append(quarantine(paths, path, "not a JSON object", clock))
+            continue
+        writer = User.of_uid(info.st_uid)
+        append_jsonl(
+            paths.audit,
+            {
+                "time": info.st_mtime,
+                "user": writer.name,
+                "uid": writer.uid,
+                "action": cap(for_terminal(record.get("action", "?")), 80),
+                "reason": cap(for_terminal(record.get("reason", ""))),
+                "allowed": False,
+                "via": INBOX_NAME,
+            },
+        )
         path.unlink(missing_ok=True)
-        moved += 1
-    return moved
+    return events
+
+
+def quarantine(paths: RunPaths, path: Path, why: str, clock=time.time) -> dict[str, Any]:
+    """Move `path` (never following it) into the owner-only quarantine/, as evidence; when that
+    holds QUARANTINE_MAX_ENTRIES already, delete it and keep only the record. Returns the event."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return {"event": "quarantine_skipped", "file": str(path), "why": "gone before it could be moved"}
+    writer = User.of_uid(info.st_uid)
+    event: dict[str, Any] = {
+        "event": "quarantined",
+        "file": str(path),
+        "why": why,
+        "user": writer.name,
+        "uid": info.st_uid,
+        "kind": _kind(info.st_mode),
+        "size": info.st_size,
+    }
+    folder = paths.root / QUARANTINE_NAME
+    try:
+        folder.mkdir(mode=QUARANTINE_DIR_MODE, exist_ok=True)
+        held = len(os.listdir(folder))
+        if held < QUARANTINE_MAX_ENTRIES:
+            target = folder / f"{int(clock() * 1000)}-{writer.name}-{path.name}-{secrets.token_hex(3)}"
+            os.rename(path, target)
+            event["moved_to"] = str(target)
+        else:
+            if stat.S_ISDIR(info.st_mode):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+            event["deleted"] = f"quarantine/ holds {held} entries already: only this record is kept"
+    except OSError as exc:
+        event["left_in_place"] = f"could not be moved or deleted ({exc.strerror}); it is ignored from now on"
+    return event
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "symbolic link"),
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISREG, "regular file"),
+    ):
+        if test(mode):
+            return name
+    return "unknown"
 
 
 def read_audit(paths: RunPaths) -> list[dict[str, Any]]:
-    return read_jsonl(paths.audit)
+    return [r for r in read_jsonl(paths.audit) if isinstance(r, dict)]
+
+
+# -- modes -----------------------------------------------------------------------------------------
+def operators_gid(operators: Any) -> tuple[int | None, str | None]:
+    """(gid of operators.group, None) or (None, why it cannot be used)."""
+    if not operators.group:
+        return None, "operators.group is not set"
+    try:
+        return grp.getgrnam(operators.group).gr_gid, None
+    except KeyError:
+        return None, f"operators.group {operators.group!r} does not exist on this host"
+
+
+def _set_mode(path: Path, mode: int, gid: int | None, warnings: list[str]) -> None:
+    """chgrp (when gid) and chmod `path` through a descriptor opened without following links, and
+    only if it is a regular file or folder the owner owns: what another user planted is left alone
+    (check_trust reports it; the request intake quarantines it)."""
+    try:
+        before = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if before.st_uid != os.geteuid() or not (stat.S_ISREG(before.st_mode) or stat.S_ISDIR(before.st_mode)):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError:
+        return  # swapped for a link (or removed) since the lstat: leave it
+    try:
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) != (before.st_dev, before.st_ino):
+            return
+        if gid is not None and info.st_gid != gid:
+            os.fchown(fd, -1, gid)
+        os.fchmod(fd, mode)
+    except OSError as exc:
+        warnings.append(f"cannot set the group/mode of {path}: {exc.strerror}")
+    finally:
+        os.close(fd)
+
+
+def _make_dir(path: Path) -> None:
+    try:
+        path.mkdir(mode=0o700, exist_ok=False)
+    except FileExistsError:
+        pass
 
 
 def prepare_permissions(paths: RunPaths, operators: Any) -> list[str]:
-    """Create control/, audit.jsonl and audit-inbox/ with the modes above; returns warnings (e.g.
-    the operators' group does not exist here), never raises for a chgrp the owner cannot do."""
+    """Create control/, accepted/, quarantine/, audit.jsonl and events.jsonl and set
+    the modes of the module docstring; returns warnings, never raises for a chgrp the owner cannot
+    do. Owner-owned entries only; a symlink or another user's file is left alone for check_trust."""
     warnings: list[str] = []
-    gid = -1
-    if operators.group:
+    gid, why_not = operators_gid(operators)
+    if gid is not None:
         try:
-            gid = grp.getgrnam(operators.group).gr_gid
-        except KeyError:
-            warnings.append(f"operators.group {operators.group!r} does not exist on this host: control/ keeps the owner's group")
-    paths.control.mkdir(parents=True, exist_ok=True)
-    inbox = paths.root / INBOX_NAME
-    inbox.mkdir(exist_ok=True)
-    if not paths.audit.exists():
-        os.close(os.open(paths.audit, os.O_WRONLY | os.O_CREAT, AUDIT_FILE_MODE))
-    for path, mode in ((paths.control, CONTROL_DIR_MODE), (paths.audit, AUDIT_FILE_MODE), (inbox, INBOX_MODE)):
+            os.chown(paths.root, -1, gid, follow_symlinks=False)
+        except OSError as exc:
+            warnings.append(
+                f"cannot give {paths.root} to group {operators.group} ({exc.strerror}): the owner must be "
+                f"a member of it. control/ is owner-only until then"
+            )
+            gid = None
+    if gid is None:
+        listed = [u for u in (operators.users or []) if u]
+        warnings.append(
+            f"{why_not or 'the operators group cannot be used'}: control/ is owner-only (0700), so only the "
+            f"owner can request a kill"
+            + (f" (listed operators {', '.join(listed)} cannot)" if listed else "")
+            + ". Set operators.group to a group of the on-call team (see docs/security.md)"
+        )
+    for folder in (paths.control, paths.accepted, paths.root / QUARANTINE_NAME):
+        _make_dir(folder)
+    for file in (paths.audit, paths.events):
         try:
-            if gid >= 0 and path != inbox:
-                os.chown(path, -1, gid)
-            os.chmod(path, mode)
-        except PermissionError as exc:
-            warnings.append(f"cannot set owner/mode of {path}: {exc}")
-    # Operators must read the frozen config (it says who the operators are) and the controller's
-    # state; a temp-file-and-rename writer leaves mkstemp's 0600 on them.
-    for readable in (paths.config, paths.state, paths.events):
-        try:
-            if readable.exists() and (readable.stat().st_mode & 0o044) != 0o044:
-                os.chmod(readable, readable.stat().st_mode | 0o044)
-        except PermissionError as exc:
-            warnings.append(f"cannot make {readable} readable by operators: {exc}")
-    # Files already in control/ (e.g. the exclude list): group-writable, never world-writable.
-    for child in paths.control.iterdir():
-        try:
-            if gid >= 0:
-                os.chown(child, -1, gid)
-            os.chmod(child, 0o664)
-        except PermissionError:
-            continue
+            os.close(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, TRUSTED_FILE_MODE))
+        except OSError:
+            pass  # a symlink in its place: check_trust refuses the start
+    group_gid = gid  # None: keep each entry's group
+    _set_mode(paths.root, ROOT_MODE if gid is not None else 0o750, group_gid, warnings)
+    _set_mode(
+        paths.control, CONTROL_DIR_MODE if gid is not None else CONTROL_DIR_MODE_NO_GROUP, group_gid, warnings
+    )
+    _set_mode(paths.accepted, ACCEPTED_DIR_MODE, group_gid, warnings)
+    _set_mode(paths.root / QUARANTINE_NAME, QUARANTINE_DIR_MODE, None, warnings)
+    for file in (paths.state, paths.events, paths.audit):
+        _set_mode(file, TRUSTED_FILE_MODE, group_gid, warnings)
+    _set_mode(paths.config, SECRET_FILE_MODE if gid is not None else 0o600, group_gid, warnings)
+    try:
+        scripts = list(paths.jobs.glob("*/job.sbatch")) + list(paths.jobs.glob("pending-*.sbatch"))
+    except OSError:
+        scripts = []
+    for script in scripts:
+        _set_mode(script, SECRET_SCRIPT_MODE if gid is not None else 0o700, group_gid, warnings)
+    # Files the owner's controller wrote in control/ (the exclude list, its lock): the group may
+    # write them (operators clear nodes), nobody else may. Another user's entry is left alone.
+    try:
+        children = list(os.scandir(paths.control))
+    except OSError:
+        children = []
+    for child in children:
+        if child.is_file(follow_symlinks=False):
+            _set_mode(Path(child.path), 0o660 if gid is not None else 0o600, group_gid, warnings)
     return warnings
 
 
 def world_writable(paths: RunPaths) -> list[str]:
-    """Paths under control/ that anybody may write (must be empty)."""
+    """Paths under control/ that anybody may write (must be empty). Never follows a link."""
     bad = []
-    for path in [paths.control, *paths.control.rglob("*")]:
-        if path.stat().st_mode & 0o002:
-            bad.append(str(path))
+    for dirpath, dirnames, filenames in os.walk(paths.control):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+            mode = os.lstat(name).st_mode
+            if mode & 0o002 and not stat.S_ISLNK(mode):
+                bad.append(name)
     return bad
+
+
+# -- StrictModes -----------------------------------------------------------------------------------
+def _private_group(gid: int, owner: str) -> bool:
+    """A user-private group (named after the owner, no other members): group write is harmless."""
+    try:
+        entry = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return entry.gr_name == owner and set(entry.gr_mem) <= {owner}
+
+
+def check_trust(paths: RunPaths, operators: Any, checkpoints: Path | None = None) -> list[str]:
+    """Problems that must stop the controller from starting (empty: safe), like sshd's StrictModes.
+
+    The run root and every file or folder the controller or the trainer trusts (run.yaml,
+    state.json, events/audit, jobs/, heartbeats/, accepted/, checkpoints/ and what is in them)
+    must be owned by the owner (or root), not a symbolic link, and writable by nobody else: not by
+    other users, and not by a group that has members besides the owner. Each problem names the
+    path and the command that fixes it. control/ and audit-inbox/ are drop boxes by design and are
+    checked only for their own mode. Cost: one lstat per entry, at most TRUST_MAX_ENTRIES."""
+    me = os.geteuid()
+    try:
+        owner = pwd.getpwuid(me).pw_name
+    except KeyError:
+        owner = str(me)
+    problems: list[str] = []
+
+    def check(path: Path, info: os.stat_result, top: bool = False) -> None:
+        if stat.S_ISLNK(info.st_mode):
+            if top:
+                problems.append(
+                    f"{path} is a symbolic link; the run directory must hold the file itself: "
+                    f"rm {path} (then restore it from a trusted copy)"
+                )
+            return  # a link inside a checkpoint or jobs/ is not followed by the check
+        if info.st_uid not in (me, 0):
+            problems.append(
+                f"{path} is owned by {User.of_uid(info.st_uid).name}, not by {owner}: check its "
+                f"content, then `chown {owner} {path}` (as root) or remove it"
+            )
+        mode = info.st_mode
+        if mode & 0o002:
+            problems.append(f"{path} is writable by every user: chmod o-w {path}")
+        if mode & 0o020 and not _private_group(info.st_gid, owner):
+            problems.append(f"{path} is writable by group {group_name(info.st_gid)}: chmod g-w {path}")
+
+    try:
+        root_info = os.lstat(paths.root)
+    except FileNotFoundError:
+        return [f"{paths.root} does not exist"]
+    check(paths.root, root_info, top=True)
+    for path in (paths.config, paths.state, paths.events, paths.audit):
+        try:
+            check(path, os.lstat(path), top=True)
+        except FileNotFoundError:
+            continue
+    for drop_box in (paths.control, paths.root / INBOX_NAME):
+        try:
+            info = os.lstat(drop_box)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(info.st_mode) or info.st_uid not in (me, 0):
+            problems.append(
+                f"{drop_box} must be a folder owned by {owner}: move it away and restart "
+                f"(the controller recreates it)"
+            )
+        elif drop_box == paths.control and info.st_mode & 0o002:
+            problems.append(f"{drop_box} is writable by every user: chmod 2770 {drop_box}")
+    seen = 0
+    trees = [paths.jobs, paths.heartbeats, paths.accepted, checkpoints or paths.checkpoints]
+    for tree in trees:
+        try:
+            check(tree, os.lstat(tree), top=True)
+        except FileNotFoundError:
+            continue
+        for dirpath, dirnames, filenames in os.walk(tree):
+            for name in dirnames + filenames:
+                seen += 1
+                if seen > TRUST_MAX_ENTRIES or len(problems) > 20:
+                    return _summarise(problems)
+                full = Path(dirpath) / name
+                try:
+                    check(full, os.lstat(full))
+                except FileNotFoundError:
+                    continue
+    return _summarise(problems)
+
+
+def _summarise(problems: list[str]) -> list[str]:
+    return problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
+
+
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)

@@ -11,6 +11,9 @@ formulas, and where they come from:
 - memory: bf16 weights (2 B), bf16 gradients (2 B), the fp32 gradient-accumulation buffer of the
   BF16 optimizer (4 B), and the ZeRO-1-partitioned fp32 master copy + Adam moments (12 B / dp);
 - pipeline bubble: (pp - 1) / (m + pp - 1) for 1F1B with m micro-batches;
+- async-save snapshot (checkpoint.async_save): each rank copies what it writes to host RAM, at most
+  its bf16 weights (2 B) + its ZeRO-1 share of fp32 master and Adam (12 B / dp) per parameter; a
+  node holds gpus_per_node ranks of the biggest stage, plus SNAPSHOT_MARGIN;
 - checkpoint interval: Young/Daly, tau = sqrt(2 delta M) for save time delta and job MTBF M; goodput
   ~ 1 - delta/tau - (tau/2 + R)/M with restart time R.
 """
@@ -25,6 +28,9 @@ from orchestrator.config import RunConfig
 GIB = 1024**3
 BYTES_BF16 = 2
 BYTES_FP32 = 4
+# Host RAM on top of the snapshot itself: pinned-allocation rounding, pickling buffers, the rest of
+# the trainer's host memory (data loader, CUDA context).
+SNAPSHOT_MARGIN = 0.25
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,10 @@ class Plan:
     max_memory_per_gpu_gib: float
     gpu_memory_gib: float
     checkpoint_bytes: int
+    async_save: bool
+    snapshot_gib_per_rank: float  # the host copy of one rank's checkpoint files (biggest stage)
+    host_memory_needed_gib_per_node: float  # snapshot x ranks per node x (1 + SNAPSHOT_MARGIN)
+    host_memory_gib: float
     checkpoint_interval_hours: float | None
     optimal_checkpoint_interval_hours: float
     job_mtbf_hours: float
@@ -199,6 +209,13 @@ def checkpoint_bytes(parameters: int) -> int:
     return parameters * (BYTES_BF16 + 3 * BYTES_FP32)
 
 
+def snapshot_bytes_per_rank(stage: StageMemory) -> float:
+    """What one rank of `stage` writes (hence copies to host RAM in an async save): its bf16
+    weights (only data-parallel rank 0 writes them, counted for every rank: the bound is for the
+    node whose ranks all write them) and its ZeRO-1 share of the fp32 master and Adam moments."""
+    return (stage.weights_bf16_gib + stage.optimizer_states_gib) * GIB
+
+
 def young_daly_interval_hours(save_seconds: float, job_mtbf_hours: float) -> float:
     return math.sqrt(2 * (save_seconds / 3600) * job_mtbf_hours)
 
@@ -263,6 +280,15 @@ def plan_run(
                 f"{stage.activations_gib:.1f}) but a GPU has {c.gpu_memory_gib:g} GiB: raise tp or pp, "
                 "lower micro_batch_size, or enable activation_checkpointing"
             )
+    snapshot = max(snapshot_bytes_per_rank(s) for s in stages) / GIB
+    host_needed = snapshot * c.gpus_per_node * (1 + SNAPSHOT_MARGIN)
+    if cfg.checkpoint.async_save and host_needed > c.host_memory_gib:
+        problems.append(
+            f"checkpoint.async_save: the host snapshot needs {host_needed:.1f} GiB per node ({snapshot:.1f} GiB "
+            f"per rank x {c.gpus_per_node} ranks + {SNAPSHOT_MARGIN:.0%} margin) but a node has "
+            f"cluster.host_memory_gib = {c.host_memory_gib:g}: use nodes with more host memory, set "
+            "checkpoint.async_save: false (synchronous saves), or raise pp or tp (less state per rank)"
+        )
     if m_batches < p.pp:
         problems.append(
             f"only {m_batches} micro-batches per iteration for pp = {p.pp} stages: the pipeline never fills; "
@@ -293,6 +319,10 @@ def plan_run(
         max_memory_per_gpu_gib=max_memory,
         gpu_memory_gib=c.gpu_memory_gib,
         checkpoint_bytes=checkpoint_bytes(parameters),
+        async_save=cfg.checkpoint.async_save,
+        snapshot_gib_per_rank=snapshot,
+        host_memory_needed_gib_per_node=host_needed,
+        host_memory_gib=c.host_memory_gib,
         checkpoint_interval_hours=interval,
         optimal_checkpoint_interval_hours=optimal,
         job_mtbf_hours=job_mtbf,

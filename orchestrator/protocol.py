@@ -11,10 +11,17 @@ stdlib-only (no torch, no pydantic).
       events.jsonl                 what the controller saw and did
       audit.jsonl                  operator actions (append-only)
       jobs/<job_id>/               rendered sbatch script and job output
+      jobs/submissions.jsonl       one line per submitted job (the ledger)
+      jobs/last_seen.json          last state seen from the scheduler, per job
       heartbeats/rank-NNNNN.json   one per rank
-      control/                     kill switch and other operator requests
+      controller.json              the controller's own heartbeat (pid, host, passes)
+      control/                     operator requests (group-writable drop box; untrusted)
+      accepted/                    requests the controller authenticated (owner-only); the
+                                   trainer acts on these, never on control/ directly
       checkpoints/step_NNNNNNN/    one checkpoint, MANIFEST.json written last
       checkpoints/latest           name of the newest complete checkpoint
+      checkpoints/damaged.jsonl    checkpoints skipped at resume because they did not verify
+                                   (checkpoints/ is `checkpoint.dir` of the config when set)
       metrics.jsonl                one line per training step
       data_cache/                  index files of the data pipeline
 """
@@ -22,10 +29,12 @@ stdlib-only (no torch, no pydantic).
 from __future__ import annotations
 
 import enum
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -68,24 +77,105 @@ class Phase(str, enum.Enum):
     EXITING = "exiting"
 
 
+class JobState(str, enum.Enum):
+    """A job's state as both sides record it (state.json, jobs/last_seen.json). The scheduler
+    backends map their own states onto these (orchestrator.slurm.base.SLURM_STATE_TABLE)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETING = "completing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    NODE_FAIL = "node_fail"
+    HELD = "held"
+    UNKNOWN = "unknown"  # not in squeue any more and no accounting to ask
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_JOB_STATES
+
+    @classmethod
+    def parse(cls, value: str) -> JobState:
+        """A recorded state back to the enum; anything unrecognised is UNKNOWN."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+TERMINAL_JOB_STATES = frozenset(
+    {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.NODE_FAIL}
+)
+
+
+class Outcome(str, enum.Enum):
+    """What an ended job means for the run (classify_end)."""
+
+    FINISHED = "finished"
+    KILLED = "killed"
+    TIME_BUDGET = "time_budget"
+    CONFIG_ERROR = "config_error"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # cancelled from outside (scancel by a person, preemption)
+
+
+def classify_end(state: str, exit_code: int | None) -> Outcome:
+    """How a job ended: the exit code when known (it says why), else the scheduler's end state.
+    The one classification: the controller acts on it and `runctl status` shows it."""
+    state = JobState.parse(state)
+    if exit_code is not None:
+        if exit_code == ExitCode.FINISHED:
+            if state in (JobState.COMPLETED, JobState.UNKNOWN):
+                return Outcome.FINISHED
+            return Outcome.FAILED
+        if exit_code == ExitCode.KILLED:
+            return Outcome.KILLED
+        if exit_code == ExitCode.TIME_BUDGET:
+            return Outcome.TIME_BUDGET
+        if exit_code == ExitCode.CONFIG_ERROR:
+            return Outcome.CONFIG_ERROR
+        return Outcome.FAILED
+    if state is JobState.COMPLETED:
+        return Outcome.FINISHED
+    if state is JobState.TIMEOUT:
+        return Outcome.TIME_BUDGET  # the scheduler's limit: the pre-timeout signal made the trainer save
+    if state is JobState.CANCELLED:
+        return Outcome.CANCELLED
+    return Outcome.FAILED
+
+
 # Names of the operator requests in control/. The file's presence is the request; its JSON body
 # says who asked and why.
 KILL_REQUEST = "kill"  # graceful: checkpoint, then stop, never restart
 DUMP_STACKS_REQUEST = "dump-stacks"  # every rank writes its Python stacks to stacks/
+RESUME_REQUEST = "resume"  # undo a kill or a crash-loop stop
+FLIGHT_RECORDER_PREFIX = "nccl-trace-"  # stacks/nccl-trace-<job>-rank-<rank>: NCCL flight recorder dumps
 CHECKPOINT_NAME_FORMAT = "step_{step:07d}"
 MANIFEST_NAME = "MANIFEST.json"
 LATEST_NAME = "latest"
+DAMAGED_LOG_NAME = "damaged.jsonl"  # in the checkpoints dir: checkpoints the ranks found damaged
 
 
 @dataclass(frozen=True)
 class RunPaths:
-    """Every path of the contract, derived from the run directory alone."""
+    """Every path of the contract, derived from the run directory and, for the checkpoints, the
+    config's `checkpoint.dir` (checkpoints_dir): both sides build it with
+    `RunPaths.of(run_dir, cfg.checkpoint.dir)`. Without it the checkpoints are the default
+    <run_dir>/checkpoints, which is right only for a config that does not move them."""
 
     root: Path
+    checkpoints_root: Path | None = None  # None: <root>/checkpoints
 
     @classmethod
-    def of(cls, run_dir: str | os.PathLike[str]) -> RunPaths:
-        return cls(Path(run_dir).resolve())
+    def of(
+        cls, run_dir: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str] | None = None
+    ) -> RunPaths:
+        root = Path(run_dir).resolve()
+        if checkpoint_dir is None:
+            return cls(root)
+        return cls(root, checkpoints_dir(root, checkpoint_dir))
 
     @property
     def config(self) -> Path:
@@ -111,6 +201,16 @@ class RunPaths:
         return self.jobs / str(job_id)
 
     @property
+    def submissions(self) -> Path:
+        """The submission ledger: one line per submitted job (orchestrator.runs writes it)."""
+        return self.jobs / "submissions.jsonl"
+
+    @property
+    def last_seen(self) -> Path:
+        """The last state seen from the scheduler per job (SLURM forgets ended jobs)."""
+        return self.jobs / "last_seen.json"
+
+    @property
     def heartbeats(self) -> Path:
         return self.root / "heartbeats"
 
@@ -125,12 +225,30 @@ class RunPaths:
         return self.control / name
 
     @property
+    def accepted(self) -> Path:
+        """Requests the controller authenticated, written by the owner only (see control/)."""
+        return self.root / "accepted"
+
+    def accepted_request(self, name: str) -> Path:
+        return self.accepted / name
+
+    @property
     def stacks(self) -> Path:
         return self.root / "stacks"
 
+    def flight_recorder_prefix(self, job_id: str | int) -> Path:
+        """Where a GPU job's NCCL flight recorder writes: PyTorch appends the rank to this
+        (the job script sets TORCH_NCCL_DEBUG_INFO_TEMP_FILE to it, in stacks/)."""
+        return self.stacks / f"{FLIGHT_RECORDER_PREFIX}{job_id}-rank-"
+
+    @property
+    def controller_heartbeat(self) -> Path:
+        """The controller's own beat, rewritten every pass (`runctl doctor` watches it)."""
+        return self.root / "controller.json"
+
     @property
     def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+        return self.checkpoints_root if self.checkpoints_root is not None else self.root / "checkpoints"
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / CHECKPOINT_NAME_FORMAT.format(step=step)
@@ -138,6 +256,11 @@ class RunPaths:
     @property
     def latest(self) -> Path:
         return self.checkpoints / LATEST_NAME
+
+    @property
+    def damaged(self) -> Path:
+        """Checkpoints found damaged at resume, one JSON line each (skipped, never deleted)."""
+        return self.checkpoints / DAMAGED_LOG_NAME
 
     @property
     def metrics(self) -> Path:
@@ -173,6 +296,13 @@ class Heartbeat:
     progress_time: float
     phase_started: float
     extra: dict[str, Any] = field(default_factory=dict)
+    # Which incarnation of the job wrote this beat: SLURM keeps the job id across a requeue, so
+    # SLURM_RESTART_COUNT and the process start time tell a requeued job's beats from the old ones.
+    restart_count: int = 0
+    process_started: float = 0.0
+    # Bumped on every write: the controller judges liveness by whether a beat *changed*, on its
+    # own monotonic clock, never by comparing a node's clock with the login node's.
+    seq: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -232,7 +362,7 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(record, sort_keys=True) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o664)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode("utf-8"))
         os.fsync(fd)
@@ -271,6 +401,52 @@ def now() -> float:
     return time.time()
 
 
+# -- files another user can write -----------------------------------------------------------------
+class UntrustedFileError(Exception):
+    """A file another user could have planted is not a small regular file; `reason` says what."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path = Path(path)
+        self.reason = reason
+
+
+def read_untrusted(path: Path, max_bytes: int = 64 * 1024) -> tuple[bytes, os.stat_result]:
+    """Read a file someone else may control, safely: never follows a symlink (O_NOFOLLOW), never
+    blocks on a FIFO or device (O_NONBLOCK), accepts only a regular file of at most `max_bytes`.
+    Returns the bytes and the fstat of the opened file (its st_uid is who wrote it).
+    Raises FileNotFoundError when it is gone, UntrustedFileError for anything else that is wrong."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UntrustedFileError(path, "is a symbolic link") from None
+        raise UntrustedFileError(path, f"cannot be opened: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UntrustedFileError(path, "is not a regular file")
+        if info.st_size > max_bytes:
+            raise UntrustedFileError(path, f"is {info.st_size} bytes, more than the {max_bytes} allowed")
+        data = os.read(fd, max_bytes + 1)
+        if len(data) > max_bytes:
+            raise UntrustedFileError(path, f"grew past the {max_bytes} bytes allowed while being read")
+        return data, info
+    finally:
+        os.close(fd)
+
+
+def checkpoints_dir(run_root: Path, configured: str | os.PathLike[str]) -> Path:
+    """Where the checkpoints of a run live: `checkpoint.dir` of the config, relative to the run
+    directory unless absolute (BLOOM kept them on a scratch filesystem). The one definition both
+    sides use."""
+    configured_path = Path(configured)
+    return configured_path if configured_path.is_absolute() else Path(run_root) / configured_path
+
+
 # -- checkpoint manifests -------------------------------------------------------------------------
 # MANIFEST.json: {"version": 1, "step": N, "files": {rel_path: {"size": bytes, "sha256": hex}}, ...},
 # written last by the trainer; a checkpoint without one (or that fails it) is not a checkpoint.
@@ -291,9 +467,31 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def verify_manifest(ckpt_dir: Path, shard: tuple[int, int] = (0, 1)) -> list[str]:
+def _confined(ckpt_dir: Path, rel: object) -> Path | None:
+    """The file `rel` of a manifest, or None when it could leave the checkpoint folder: not a
+    plain relative path, a `..` part, or a symlink anywhere on the way (a file name from a
+    manifest is data, not a path to follow)."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
+        return None
+    parts = rel.split("/")
+    if rel.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        return None
+    path = Path(ckpt_dir)
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            return None
+    return path
+
+
+def verify_manifest(ckpt_dir: Path, shard: tuple[int, int] = (0, 1), check_hashes: bool = True) -> list[str]:
     """Problems found (empty = good): every file of the manifest present, with its size and sha256.
-    `shard=(i, n)` checks every n-th file from i, so that n ranks verify in parallel."""
+    `shard=(i, n)` checks every n-th file from i, so that n ranks verify in parallel.
+    `check_hashes=False` checks presence and sizes only (stat, no bytes read): what the login node
+    does before a restart, since hashing 2.3 TB there would take most of an hour.
+    A file name that is absolute, holds `..` or passes through a symlink is a problem, never read:
+    a manifest must not make the verifier (or the loader after it) touch a file outside its
+    checkpoint."""
     try:
         manifest = read_json(Path(ckpt_dir) / MANIFEST_NAME)
     except (OSError, ValueError) as exc:
@@ -306,15 +504,52 @@ def verify_manifest(ckpt_dir: Path, shard: tuple[int, int] = (0, 1)) -> list[str
     problems = []
     index, count = shard
     for rel in sorted(files)[index::count]:
-        expected = files[rel] or {}
-        path = Path(ckpt_dir) / rel
-        if not path.is_file():
+        expected = files[rel] if isinstance(files[rel], dict) else {}
+        path = _confined(Path(ckpt_dir), rel)
+        if path is None:
+            problems.append(f"{rel!r}: not a plain path inside the checkpoint (absolute, '..' or a symlink)")
+            continue
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            info = None
+        if info is None or not stat.S_ISREG(info.st_mode):
             problems.append(f"{rel}: missing")
             continue
-        size = path.stat().st_size
+        size = info.st_size
         if size != expected.get("size"):
             problems.append(f"{rel}: size {size} != {expected.get('size')} in the manifest")
             continue
-        if sha256_file(path) != expected.get("sha256"):
+        if check_hashes and sha256_file(path) != expected.get("sha256"):
             problems.append(f"{rel}: sha256 differs from the manifest (corrupted)")
     return problems
+
+
+def resume_candidates(ckpt_root: Path) -> list[Path]:
+    """The checkpoints a resume may use, best first: every `step_N` with a manifest, newest first,
+    leaving out any newer than the one `latest` names (its save died between MANIFEST and
+    `latest`: not a checkpoint by the contract). The one rule both sides follow: the trainer
+    takes the first that verifies by hash (ranks in parallel), the controller predicts the same
+    with sizes only. A directory that vanishes while being listed (keep-last) is just not there."""
+    root = Path(ckpt_root)
+    try:
+        latest_name = (root / LATEST_NAME).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        latest_name = ""
+    latest_step = step_of(latest_name) if latest_name else None
+    found: list[tuple[int, Path]] = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    for name in names:
+        step = step_of(name)
+        if step is None or (latest_step is not None and step > latest_step):
+            continue
+        child = root / name
+        try:
+            if child.is_dir() and not child.is_symlink() and (child / MANIFEST_NAME).is_file():
+                found.append((step, child))
+        except OSError:
+            continue
+    return [path for _, path in sorted(found, reverse=True)]

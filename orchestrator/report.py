@@ -1,12 +1,14 @@
 """`runctl report RUN_DIR`: the loss curve with the restarts marked, and the goodput.
 
-Goodput = useful compute / wall time, where useful compute is the step time of every step that
-survived into the final trajectory (a step redone after a restart counts once) and wall time runs
-from the first step's start to the last step's end. Each incident (failure -> detection ->
-restart -> first step) is listed with its latencies and the work it lost.
+Goodput = useful training / wall time, and where the rest went: orchestrator.goodput charges
+every second from the first submission to the end (the stop, else now) to one category (queue,
+init, saves, loads, recomputed steps, detection wait, no job...), for the whole run and the last
+24 h. Each incident (failure -> detection -> restart -> first step) is listed with its latencies
+and the work it lost.
 
-Writes <run_dir>/reports/loss.png and reports/summary.json. matplotlib is imported only here
-(it is in the `dev` extra; without it the summary is still written and the PNG is skipped).
+Writes <run_dir>/reports/loss.png, reports/goodput.png (stacked bars: whole run and last 24 h)
+and reports/summary.json. matplotlib is imported only here (it is in the `dev` extra; without it
+the summary is still written and the PNGs are skipped).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.controller.state import read_events
+from orchestrator.goodput import CATEGORIES, LABELS, run_breakdown
 from orchestrator.protocol import RunPaths, atomic_write_json, read_jsonl
 
 
@@ -34,7 +37,7 @@ def segments(metrics: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return out
 
 
-def summarize(paths: RunPaths) -> dict[str, Any]:
+def summarize(paths: RunPaths, now: float | None = None) -> dict[str, Any]:
     metrics = read_jsonl(paths.metrics)
     events = read_events(paths)
     final: dict[int, dict[str, Any]] = {}
@@ -43,11 +46,8 @@ def summarize(paths: RunPaths) -> dict[str, Any]:
             final[record["step"]] = record  # the last write of a step is the one that survived
     spent = sum(float(m.get("step_seconds") or 0.0) for m in metrics)
     useful = sum(float(m.get("step_seconds") or 0.0) for m in final.values())
-    times = [m["time"] for m in metrics if m.get("time")]
-    wall = None
-    if times:
-        first = min(metrics, key=lambda m: m.get("time") or float("inf"))
-        wall = max(times) - (first["time"] - float(first.get("step_seconds") or 0.0))
+    time_breakdown = run_breakdown(paths.root, now=now, checkpoints_dir=_checkpoints_dir(paths))
+    whole = time_breakdown["whole_run"]
     incidents = []
     firsts = [e for e in events if e["event"] == "first_step_after_restart"]
     for restart in (e for e in events if e["event"] == "restart"):
@@ -68,10 +68,12 @@ def summarize(paths: RunPaths) -> dict[str, Any]:
         "run_dir": str(paths.root),
         "steps": max(final) if final else 0,
         "final_loss": final[max(final)].get("loss") if final else None,
-        "wall_seconds": wall,
+        "wall_seconds": whole["wall_seconds"],
         "useful_compute_seconds": useful,
         "spent_compute_seconds": spent,
-        "goodput": (useful / wall) if wall else None,
+        "goodput": whole["goodput"],
+        "goodput_last_24h": time_breakdown["last_24h"]["goodput"],
+        "time_breakdown": {k: v for k, v in time_breakdown.items() if k != "segments"},
         "restarts": len(incidents),
         "incidents": incidents,
         "corrupt_checkpoints": [e for e in events if e["event"] == "checkpoint_corrupt"],
@@ -98,10 +100,22 @@ def plot_loss(paths: RunPaths, out: Path) -> Path | None:
         losses = [m["loss"] for m in segment if m.get("loss") is not None]
         ax.plot(steps, losses, lw=1.4, label=f"job segment {index + 1}" if index < 6 else None)
     for restart in (e for e in read_events(paths) if e["event"] == "restart"):
-        x = restart.get("last_step") if restart.get("last_step") is not None else restart.get("resume_step", 0)
+        x = (
+            restart.get("last_step")
+            if restart.get("last_step") is not None
+            else restart.get("resume_step", 0)
+        )
         ax.axvline(x, color="red", ls="--", lw=1)
-        ax.annotate(f"{restart.get('cause')}\nresume @ {restart.get('resume_step')}", (x, 1), xycoords=("data", "axes fraction"),
-                    xytext=(3, -12), textcoords="offset points", color="red", fontsize=8, va="top")
+        ax.annotate(
+            f"{restart.get('cause')}\nresume @ {restart.get('resume_step')}",
+            (x, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -12),
+            textcoords="offset points",
+            color="red",
+            fontsize=8,
+            va="top",
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(f"{_run_name(paths)}: loss (red: failures and restarts)")
@@ -115,6 +129,61 @@ def plot_loss(paths: RunPaths, out: Path) -> Path | None:
     return out
 
 
+# Every goodput category, in bar order, with its colour (green is the only good one).
+BAR_COLORS = {
+    "useful_training": "#2ca02c",
+    "recomputed_steps": "#9467bd",
+    "detection_wait": "#d62728",
+    "checkpoint_save": "#1f77b4",
+    "checkpoint_load": "#17becf",
+    "init_rendezvous": "#bcbd22",
+    "eval": "#8c564b",
+    "queue_wait": "#ff7f0e",
+    "no_job": "#7f7f7f",
+}
+
+
+def plot_goodput(paths: RunPaths, breakdown: dict[str, Any], out: Path) -> Path | None:
+    """Two stacked horizontal bars (whole run, last 24 h): the share of wall time per category."""
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        return None
+    rows = [("whole run", breakdown["whole_run"]), ("last 24 h", breakdown["last_24h"])]
+    fig, ax = plt.subplots(figsize=(10, 3.2), dpi=110)
+    lefts = [0.0 for _ in rows]
+    order = [*BAR_COLORS, *(c for c in CATEGORIES if c not in BAR_COLORS)]
+    for name in order:  # useful training first, in green; the losses after it
+        color = BAR_COLORS.get(name, "#c7c7c7")
+        widths = [part["fraction"].get(name) or 0.0 for _, part in rows]
+        ax.barh([r for r, _ in rows], widths, left=lefts, color=color, label=LABELS[name])
+        lefts = [a + b for a, b in zip(lefts, widths, strict=True)]
+    for y, (_, part) in enumerate(rows):
+        if part["goodput"] is not None:
+            ax.text(1.01, y, f"goodput {part['goodput']:.1%}", va="center", fontsize=8)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of wall time")
+    ax.set_title(f"{_run_name(paths)}: where the wall time went")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3, fontsize=7, frameon=False)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
+def _checkpoints_dir(paths: RunPaths) -> Path | None:
+    try:
+        from orchestrator.config import load_config  # noqa: PLC0415
+
+        return RunPaths.of(paths.root, load_config(paths.config).checkpoint.dir).checkpoints
+    except Exception:  # a report shows what it can: the default place then
+        return None
+
+
 def _run_name(paths: RunPaths) -> str:
     try:
         for line in paths.config.read_text().splitlines():
@@ -125,13 +194,17 @@ def _run_name(paths: RunPaths) -> str:
     return paths.root.name
 
 
-def write_report(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def write_report(
+    run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None, now: float | None = None
+) -> dict[str, Any]:
     paths = RunPaths.of(run_dir)
     out = Path(out_dir) if out_dir else paths.reports
     out.mkdir(parents=True, exist_ok=True)
-    summary = summarize(paths)
+    summary = summarize(paths, now=now)
     png = plot_loss(paths, out / "loss.png")
     summary["loss_png"] = str(png) if png else None
+    goodput_png = plot_goodput(paths, summary["time_breakdown"], out / "goodput.png")
+    summary["goodput_png"] = str(goodput_png) if goodput_png else None
     if png is None:
         summary["loss_png_skipped"] = "matplotlib is not installed (pip install matplotlib, or the dev extra)"
     atomic_write_json(out / "summary.json", summary)

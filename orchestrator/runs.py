@@ -27,25 +27,21 @@ from typing import Any
 
 from orchestrator.config import ConfigError, RunConfig, dump_config, load_config
 from orchestrator.errors import DoesNotFitError, UsageError
+from orchestrator.operators import SECRET_FILE_MODE, SECRET_SCRIPT_MODE, prepare_permissions
 from orchestrator.protocol import (
-    ExitCode,
+    JobState,
     RunPaths,
     append_jsonl,
     atomic_write_json,
     atomic_write_text,
+    classify_end,
     read_json,
     read_jsonl,
 )
-from orchestrator.slurm.base import JobInfo, JobState, SubmitRequest
+from orchestrator.slurm.base import JobInfo, SubmitRequest
 from orchestrator.slurm.render import render_sbatch
 
-LEDGER_NAME = "submissions.jsonl"
-LAST_SEEN_NAME = "last_seen.json"
 SCRIPT_NAME = "job.sbatch"
-
-
-def ledger_path(run_dir: str | os.PathLike[str]) -> Path:
-    return RunPaths.of(run_dir).jobs / LEDGER_NAME
 
 
 def prepare_run_dir(cfg: RunConfig, run_dir: str | os.PathLike[str]) -> RunPaths:
@@ -54,7 +50,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: str | os.PathLike[str]) -> RunPaths
     A run directory that already holds a *different* run.yaml is refused (UsageError): a run's
     config is frozen; make a new run directory to change it.
     """
-    paths = RunPaths.of(run_dir)
+    paths = RunPaths.of(run_dir, cfg.checkpoint.dir)
     text = dump_config(cfg)
     if paths.config.exists():
         existing = paths.config.read_text()
@@ -65,10 +61,11 @@ def prepare_run_dir(cfg: RunConfig, run_dir: str | os.PathLike[str]) -> RunPaths
             )
     for folder in (paths.jobs, paths.heartbeats, paths.checkpoints, paths.metrics.parent):
         folder.mkdir(parents=True, exist_ok=True)
-    paths.control.mkdir(parents=True, exist_ok=True)
-    os.chmod(paths.control, 0o2775)  # operators of the group may drop kill requests
     if not paths.config.exists():
-        atomic_write_text(paths.config, text)
+        atomic_write_text(paths.config, text, mode=SECRET_FILE_MODE)  # cluster.env, the webhook URL
+    # control/, accepted/, the root and run.yaml get the modes of the threat model (docs/security.md);
+    # the controller reports any warning (e.g. no operators' group) when it starts.
+    prepare_permissions(paths, cfg.operators)
     return paths
 
 
@@ -90,7 +87,7 @@ def write_job_script(
     paths = RunPaths.of(run_dir)
     text = render_sbatch(cfg, paths.root, exclude=list(exclude or []), command=command)
     script = paths.jobs / f"pending-{secrets.token_hex(4)}.sbatch"
-    atomic_write_text(script, text, mode=0o755)
+    atomic_write_text(script, text, mode=SECRET_SCRIPT_MODE)
     return script
 
 
@@ -122,7 +119,7 @@ def submit_job(
     job_dir = paths.job_dir(job_id)
     job_dir.mkdir(parents=True, exist_ok=True)
     shutil.move(str(script), job_dir / SCRIPT_NAME)
-    append_jsonl(paths.jobs / LEDGER_NAME, {
+    append_jsonl(paths.submissions, {
         "job_id": job_id, "time": time.time(), "reason": reason, "exclude": list(exclude or []),
         "chain_index": chain_index, "user": _user(), "scheduler": getattr(scheduler, "name", "?"),
         "script": str(job_dir / SCRIPT_NAME),
@@ -190,7 +187,7 @@ def submit_run(
                           scheduler=getattr(scheduler, "name", "?"))  # fmt: skip
     if dry_run:
         script = paths.jobs / "dry-run.sbatch"
-        atomic_write_text(script, render_sbatch(frozen, paths.root, command=command), mode=0o755)
+        atomic_write_text(script, render_sbatch(frozen, paths.root, command=command), mode=SECRET_SCRIPT_MODE)
         result.script = str(script)
         return result
     for index in range(chain):
@@ -212,7 +209,7 @@ def recorded_jobs(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     controller's state.json knows that the ledger does not (e.g. submitted by an older tool)."""
     paths = RunPaths.of(run_dir)
     rows: dict[str, dict[str, Any]] = {}
-    for entry in read_jsonl(paths.jobs / LEDGER_NAME):
+    for entry in read_jsonl(paths.submissions):
         rows[str(entry["job_id"])] = dict(entry)
     state = read_json(paths.state) or {}
     for job in state.get("jobs", []) if isinstance(state, dict) else []:
@@ -233,7 +230,7 @@ def job_table(run_dir: str | os.PathLike[str], scheduler: Any | None = None) -> 
     """
     paths = RunPaths.of(run_dir)
     recorded = recorded_jobs(paths.root)
-    cache_path = paths.jobs / LAST_SEEN_NAME
+    cache_path = paths.last_seen
     cache: dict[str, dict[str, Any]] = read_json(cache_path) or {}
     live: dict[str, JobInfo] = {}
     if scheduler is not None and recorded:
@@ -269,23 +266,21 @@ def job_table(run_dir: str | os.PathLike[str], scheduler: Any | None = None) -> 
 
 
 def _outcome(state: str, exit_code: int | None) -> str:
-    """What an ended job means for the run: the trainer's ExitCode for jobs that ran to their end,
-    SLURM's verdict for the others; "" while the job has not ended."""
-    if state in (JobState.COMPLETED.value, JobState.FAILED.value):
-        return ExitCode.describe(exit_code)
-    if state in {s.value for s in JobState if s.is_terminal}:
-        return state
-    return ""
+    """What an ended job means for the run, as the controller classifies it (classify_end: a
+    SLURM TIMEOUT is the time budget, for both); "" while the job has not ended."""
+    if not JobState.parse(state).is_terminal:
+        return ""
+    return classify_end(state, exit_code).value
 
 
 def cancel_run(run_dir: str | os.PathLike[str], scheduler: Any) -> list[str]:
     """Cancel every job of the run that has not ended (the running one and its queued chain).
     Returns the ids asked to cancel."""
     rows = job_table(run_dir, scheduler)
-    terminal = {s.value for s in JobState if s.is_terminal}
-    ids = [r["job_id"] for r in rows if r["state"] not in terminal]
+    ids = [r["job_id"] for r in rows if not JobState.parse(r["state"]).is_terminal]
     # The queued ones first: cancelling the running job first would let SLURM start the next.
-    pending = [r["job_id"] for r in rows if r["job_id"] in ids and r["state"] in ("pending", "held")]
+    queued = (JobState.PENDING, JobState.HELD)
+    pending = [r["job_id"] for r in rows if r["job_id"] in ids and JobState.parse(r["state"]) in queued]
     others = [j for j in ids if j not in pending]
     if pending:
         scheduler.cancel(pending)
@@ -304,6 +299,6 @@ def load_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
 
 
 __all__ = [
-    "ConfigError", "SubmitResult", "cancel_run", "job_table", "ledger_path", "load_run_config", "prepare_run_dir",
+    "ConfigError", "SubmitResult", "cancel_run", "job_table", "load_run_config", "prepare_run_dir",
     "recorded_jobs", "submit_job", "submit_run", "write_job_script",
 ]  # fmt: skip

@@ -16,13 +16,8 @@ Environment overrides (for tests, CI and the controller demo; none is needed in 
     TRAINER_STEP_DELAY_SECONDS=S   sleep S before every step (the demo: slow enough to watch)
     TRAINER_TENSORBOARD=0          no TensorBoard event files (metrics.jsonl only)
     TRAINER_JOB_ID=ID              job id for heartbeats when not under SLURM (default "local")
-    TRAINER_FAULT=...              TEST-ONLY fault injection, comma-separated KIND@stepN[:rankR]:
-                                     nan      the loss (hence every gradient) is NaN in step N:
-                                              the step must be skipped and logged
-                                     hang     sleep for ever before step N (beats, no progress)
-                                     crash    os._exit(1) before step N (no checkpoint)
-                                     sigkill  SIGKILL itself before step N
-                                     sigusr1  send itself SIGUSR1 (the pre-timeout signal)
+    TRAINER_FAULT=...              TEST-ONLY fault injection, comma-separated KIND@stepN[:rankR]
+                                   with KIND nan, hang, crash, sigkill or sigusr1 (trainer.faults),
                                    e.g. TRAINER_FAULT=nan@step5  or  hang@step7:rank1
     DS_ACCELERATOR=cpu             CPU + gloo (otherwise CUDA + NCCL, per cluster.accelerator)
 """
@@ -54,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"[trainer] {exc}", file=sys.stderr)
         return int(ExitCode.CONFIG_ERROR)
+    # The checkpoints are where the config says (checkpoint.dir), as for the controller.
+    paths = RunPaths.of(argv[0], cfg.checkpoint.dir)
 
     from trainer.launch import dist_env_from, init_distributed, shutdown_distributed
     from trainer.loop import Overrides

@@ -1,5 +1,9 @@
 """Checkpoints under `checkpoints/step_NNNNNNN/`: DeepSpeed's files, ours, a MANIFEST, `latest`.
 
+`checkpoints/` is the config's `checkpoint.dir` (relative to the run directory, or absolute, e.g. a
+scratch filesystem): `RunPaths.of(run_dir, cfg.checkpoint.dir).checkpoints`, the one rule the
+controller and the dashboard use too. The manifest helpers are trainer.checkpoint_format's.
+
 Save (every rank calls it; collective):
 1. `engine.save_checkpoint(checkpoints/, tag=step_N, client_state=...)`: DeepSpeed's model and
    optimizer files (bf16 weights, fp32 master partitions, Adam moments) plus our client state
@@ -28,81 +32,33 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as tdist
 
-from orchestrator.protocol import (
+from orchestrator.protocol import (  # noqa: F401 - verify_manifest, read_json: used via this module
     CHECKPOINT_NAME_FORMAT,
+    DAMAGED_LOG_NAME,
     MANIFEST_NAME,
     RunPaths,
     append_jsonl,
-    atomic_write_json,
     atomic_write_text,
     read_json,
     read_jsonl,
-    sha256_file,
+    resume_candidates,
     step_of,
     verify_manifest,
 )
+from trainer.checkpoint_format import (  # noqa: F401 - re-exported: the manifest helpers
+    UNIVERSAL_SUFFIX,
+    dist_barrier,
+    dist_world,
+    gather_to_all,
+    hash_files_shared,
+    list_files,
+    verify_shared,
+    write_manifest,
+)
 
-DAMAGED_LOG = "damaged.jsonl"
+DAMAGED_LOG = DAMAGED_LOG_NAME
 CLIENT_STATE_KEY = "trainer"
-
-
-# -- helpers that work without torch.distributed too (tests, single process) --------------------
-def _world() -> tuple[int, int]:
-    if tdist.is_available() and tdist.is_initialized():
-        return tdist.get_rank(), tdist.get_world_size()
-    return 0, 1
-
-
-def _barrier() -> None:
-    if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
-        tdist.barrier()
-
-
-def _gather_to_all(obj: Any) -> list[Any]:
-    rank, world = _world()
-    if world == 1:
-        return [obj]
-    out: list[Any] = [None] * world
-    tdist.all_gather_object(out, obj)
-    return out
-
-
-def list_files(ckpt_dir: Path) -> list[str]:
-    """Every file under the checkpoint, relative, sorted; the manifest itself excluded."""
-    return sorted(
-        str(p.relative_to(ckpt_dir)) for p in ckpt_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME
-    )
-
-
-# -- manifest --------------------------------------------------------------------------------
-def hash_files_shared(ckpt_dir: Path, files: list[str]) -> dict[str, dict[str, Any]]:
-    """Hash `files` with every rank taking its share; every rank returns the full table."""
-    rank, world = _world()
-    mine = {}
-    for rel in files[rank::world]:
-        path = ckpt_dir / rel
-        mine[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
-    table: dict[str, dict[str, Any]] = {}
-    for part in _gather_to_all(mine):
-        table.update(part)
-    return table
-
-
-def write_manifest(ckpt_dir: Path, entries: dict[str, dict[str, Any]], meta: dict[str, Any]) -> None:
-    manifest = {"version": 1, "created": time.time(), "files": entries, **meta}
-    atomic_write_json(ckpt_dir / MANIFEST_NAME, manifest)
-
-
-def verify_shared(ckpt_dir: Path) -> list[str]:
-    """Collective: each rank verifies its share of the files; every rank gets all problems."""
-    rank, world = _world()
-    problems = verify_manifest(ckpt_dir, shard=(rank, world))
-    merged: list[str] = []
-    for part in _gather_to_all(problems):
-        merged.extend(part)
-    return sorted(set(merged))
 
 
 # -- latest / listing ------------------------------------------------------------------------
@@ -130,27 +86,26 @@ def complete_checkpoints(paths: RunPaths) -> list[tuple[int, Path]]:
 
 
 def damaged_names(paths: RunPaths) -> set[str]:
-    return {r.get("checkpoint", "") for r in read_jsonl(paths.checkpoints / DAMAGED_LOG)}
+    return {r.get("checkpoint", "") for r in read_jsonl(paths.damaged)}
 
 
 def report_damaged(paths: RunPaths, ckpt_dir: Path, problems: list[str], job_id: str) -> None:
     print(f"[checkpoint] SKIPPING damaged checkpoint {ckpt_dir.name}: {'; '.join(problems[:5])}", file=sys.stderr,
           flush=True)
-    append_jsonl(paths.checkpoints / DAMAGED_LOG, {
+    append_jsonl(paths.damaged, {
         "checkpoint": ckpt_dir.name, "problems": problems[:20], "time": time.time(), "job_id": job_id,
     })
 
 
 def find_resume_checkpoint(paths: RunPaths, job_id: str = "") -> Path | None:
-    """Newest complete checkpoint not newer than `latest` whose manifest verifies (collective)."""
-    rank, _ = _world()
+    """Newest complete checkpoint not newer than `latest` whose manifest verifies (collective).
+    The candidates and their order are the contract's (orchestrator.protocol.resume_candidates),
+    which the controller uses to predict the same choice."""
+    rank, _ = dist_world()
     # Rank 0's view for everyone: a lagging shared filesystem must not make ranks diverge.
-    latest, candidates = _gather_to_all((read_latest(paths), [(s, str(d)) for s, d in complete_checkpoints(paths)]))[0]
-    latest_step = step_of(latest) if latest else None
-    for step, ckpt_name in reversed(candidates):
+    candidates = gather_to_all([str(d) for d in resume_candidates(paths.checkpoints)])[0]
+    for ckpt_name in candidates:
         ckpt_dir = Path(ckpt_name)
-        if latest_step is not None and step > latest_step:
-            continue  # its save died between MANIFEST and `latest`: not a checkpoint by the contract
         problems = verify_shared(ckpt_dir)
         if not problems:
             return ckpt_dir
@@ -171,7 +126,6 @@ def choose_resume_checkpoint(paths: RunPaths, layout: dict[str, int], job_id: st
     universal conversion `step_N_universal` (made by `python -m trainer.universal RUN_DIR --step N`),
     which must verify too. No conversion yet: a LayoutError that says which command makes it."""
     from trainer.parallel.groups import LayoutError
-    from trainer.universal import UNIVERSAL_SUFFIX
 
     found = find_resume_checkpoint(paths, job_id)
     if found is None:
@@ -211,11 +165,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # -- save / load ------------------------------------------------------------------------------
 def save_checkpoint(engine, paths: RunPaths, step: int, client_state: dict[str, Any], keep_last: int,
                     job_id: str = "", extra_client_state: dict[str, Any] | None = None,
-                    layout: dict[str, int] | None = None) -> Path:
+                    layout: dict[str, int] | None = None, seal: bool = True) -> Path:
     """Collective. Returns the checkpoint directory once MANIFEST and `latest` are written.
+    seal=False: trainer.async_checkpoint's snapshot, which seals after its background write.
     `extra_client_state` goes to DeepSpeed's client state at the top level (e.g. the universal
     checkpoint info that ds_to_universal reads)."""
-    rank, world = _world()
+    rank, world = dist_world()
     tag = CHECKPOINT_NAME_FORMAT.format(step=step)
     ckpt_dir = paths.checkpoint(step)
     if rank == 0 and ckpt_dir.exists():
@@ -224,29 +179,32 @@ def save_checkpoint(engine, paths: RunPaths, step: int, client_state: dict[str, 
         aside = ckpt_dir.with_name(f".replaced-{tag}-{int(time.time())}")
         ckpt_dir.rename(aside)
         print(f"[checkpoint] {tag} existed; moved to {aside.name}", file=sys.stderr, flush=True)
-    _barrier()
+    dist_barrier()
     engine.save_checkpoint(str(paths.checkpoints), tag=tag, client_state={**(extra_client_state or {}), CLIENT_STATE_KEY: client_state},
                            save_latest=False)
     rng_dir = ckpt_dir / "rng"
     rng_dir.mkdir(parents=True, exist_ok=True)
-    torch.save(rng_state(), rng_dir / f"rank-{rank:05d}.pt")
-    _barrier()  # every rank's files are on disk
+    # Through the engine's checkpoint engine, as every DeepSpeed file: an async save captures it.
+    engine.checkpoint_engine.save(rng_state(), str(rng_dir / f"rank-{rank:05d}.pt"))
+    if not seal:
+        return ckpt_dir
+    dist_barrier()  # every rank's files are on disk
     files = list_files(ckpt_dir)
-    files = _gather_to_all(files)[0]  # rank 0's listing is the one every rank hashes a share of
+    files = gather_to_all(files)[0]  # rank 0's listing is the one every rank hashes a share of
     entries = hash_files_shared(ckpt_dir, files)
     if rank == 0:
         write_manifest(ckpt_dir, entries, {"step": step, "world_size": world, "job_id": job_id,
                                            "layout": layout or {}})
         write_latest(paths, tag)
         cleanup_old_checkpoints(paths, keep_last)
-    _barrier()
+    dist_barrier()
     return ckpt_dir
 
 
 def load_checkpoint(engine, paths: RunPaths, ckpt_dir: Path) -> dict[str, Any]:
     """Collective. Restores weights, fp32 master, Adam, engine counters and this rank's RNG;
     returns our client state."""
-    rank, _ = _world()
+    rank, _ = dist_world()
     load_path, client = engine.load_checkpoint(
         str(ckpt_dir.parent), tag=ckpt_dir.name, load_optimizer_states=True, load_lr_scheduler_states=False
     )

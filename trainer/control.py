@@ -1,8 +1,10 @@
 """Decisions to stop or checkpoint, agreed by every rank before anyone acts.
 
 Three local observations, made each step by each rank:
-- the kill switch: `control/kill` exists (shared filesystem: ranks see it at slightly different
-  steps);
+- the kill switch: `accepted/kill` exists (shared filesystem: ranks see it at slightly different
+  steps). Only the controller writes accepted/, after authenticating the operator who dropped
+  `control/kill` (orchestrator/controller/requests.py); a file in control/ itself is never obeyed,
+  so a kill needs a running controller;
 - the time budget: `checkpoint.exit_duration_minutes` since the job started has passed, or SLURM's
   pre-timeout signal (`cluster.pre_timeout_signal`, e.g. `--signal=USR1@600`) arrived; the signal
   handler only sets a flag (nothing else is safe in a handler);
@@ -22,7 +24,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from orchestrator.protocol import KILL_REQUEST, RunPaths, read_json
+from orchestrator.protocol import KILL_REQUEST, RunPaths, UntrustedFileError, read_untrusted
 
 # Set by the pre-timeout signal handler; read by Controls. Module-level so that the handler can be
 # installed at process start (a signal during a long init must not kill the process).
@@ -84,13 +86,19 @@ class Controls:
 
     # -- local observations ------------------------------------------------------------------
     def kill_requested(self) -> bool:
-        path = self.paths.control_request(KILL_REQUEST)
-        if not path.exists():
-            return False
+        """accepted/kill is there (written by the controller only; see the module docstring)."""
+        path = self.paths.accepted_request(KILL_REQUEST)
         try:
-            self.kill_request = read_json(path) or {}
-        except (OSError, json.JSONDecodeError):
-            self.kill_request = {}  # a kill file that is not JSON still means kill
+            data, _ = read_untrusted(path, 64 * 1024)
+        except FileNotFoundError:
+            return False
+        except UntrustedFileError:
+            data = b""  # the owner's controller wrote it; something odd there still means kill
+        try:
+            body = json.loads(data or b"{}")
+        except ValueError:
+            body = {}
+        self.kill_request = body if isinstance(body, dict) else {}
         return True
 
     def time_budget_reached(self, now: float | None = None) -> bool:

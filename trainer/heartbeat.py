@@ -6,7 +6,7 @@ Two clocks, written together into `heartbeats/rank-NNNNN.json` (protocol.Heartbe
 - `progress_time`: moved only by the training loop (`progress()` after a step, `set_phase()`).
   A rank blocked in a collective keeps beating but its progress time stands still: a hang.
 
-The same thread serves `control/dump-stacks`: when that file's mtime is newer than the last
+The same thread serves `accepted/dump-stacks` (published by the controller only): when that file's mtime is newer than the last
 dump, every thread's Python stack goes to `stacks/rank-NNNNN.txt` (atomic write). The main
 thread may be stuck in C++ (a gloo/NCCL wait) and cannot answer; this thread still can, because
 it does not need the GIL held by the stuck call (collectives release it). SIGUSR2 also writes
@@ -67,6 +67,10 @@ class HeartbeatWriter:
         self._progress_time = now
         self._phase_started = now
         self._extra: dict = {}
+        self._seq = 0
+        # SLURM keeps a requeued job's id; its restart count and our start time tell the beats apart.
+        self._restart_count = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        self._process_started = now
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_dump_request = self._dump_request_mtime()  # a stale request from before start is ignored
@@ -74,10 +78,17 @@ class HeartbeatWriter:
 
     # -- called by the training loop ---------------------------------------------------------
     def progress(self, step: int, **extra) -> None:
-        """The loop advanced: move the progress time (and write now, so the controller sees it)."""
+        """The loop advanced: move the progress time (and write now, so the controller sees it).
+
+        `extra.step_seconds` is the duration of the steps since the last progress, per step, when
+        nothing else (a save, an eval) happened in between: the controller learns its step timeout
+        from it and from nothing else."""
         with self._lock:
+            now = time.time()
+            if self._phase == Phase.STEP.value and step > self._step:
+                self._extra["step_seconds"] = (now - self._progress_time) / (step - self._step)
             self._step = step
-            self._progress_time = time.time()
+            self._progress_time = now
             self._extra.update(extra)
         self.write()
 
@@ -140,7 +151,14 @@ class HeartbeatWriter:
                 progress_time=self._progress_time,
                 phase_started=self._phase_started,
                 extra=dict(self._extra),
+                restart_count=self._restart_count,
+                process_started=self._process_started,
+                seq=self._next_seq(),
             )
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
 
     def write(self) -> None:
         atomic_write_text(self.paths.heartbeat(self.rank), self.snapshot().to_json() + "\n")
@@ -151,7 +169,7 @@ class HeartbeatWriter:
 
     def _dump_request_mtime(self) -> float:
         try:
-            return self.paths.control_request(DUMP_STACKS_REQUEST).stat().st_mtime
+            return self.paths.accepted_request(DUMP_STACKS_REQUEST).stat().st_mtime
         except FileNotFoundError:
             return 0.0
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -22,6 +20,7 @@ from orchestrator.protocol import ExitCode, Phase, RunPaths
 from trainer import checkpoint as ckpt
 from trainer import engine as eng
 from trainer.control import Controls, Decision
+from trainer.faults import Fault, FaultInjector, parse_faults
 from trainer.heartbeat import HeartbeatWriter
 from trainer.launch import DistEnv
 from trainer.metrics import MetricsLogger
@@ -41,34 +40,6 @@ class TrainState:
         return cls(**{k: int(data[k]) for k in cls.__dataclass_fields__ if k in data})
 
 
-@dataclass(frozen=True)
-class Fault:
-    """TEST-ONLY fault injection (env TRAINER_FAULT): what to do at the start of step `step`."""
-
-    kind: str  # nan | hang | crash | sigkill | sigusr1 | sleep
-    step: int
-    rank: int | None = None  # None: every rank
-
-    KINDS = ("nan", "hang", "crash", "sigkill", "sigusr1")
-
-
-def parse_faults(text: str) -> list[Fault]:
-    """'nan@step5,hang@step7:rank1' -> [Fault('nan', 5), Fault('hang', 7, rank=1)]."""
-    faults = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        try:
-            kind, rest = item.split("@", 1)
-            where, _, rank = rest.partition(":")
-            if kind not in Fault.KINDS or not where.startswith("step") or (rank and not rank.startswith("rank")):
-                raise ValueError
-            faults.append(Fault(kind, int(where[4:]), int(rank[4:]) if rank else None))
-        except ValueError:
-            raise ValueError(
-                f"TRAINER_FAULT item {item!r}: expected KIND@stepN[:rankR] with KIND in {Fault.KINDS}"
-            ) from None
-    return faults
-
-
 @dataclass
 class Overrides:
     """Environment overrides (documented in trainer/__main__.py)."""
@@ -77,7 +48,7 @@ class Overrides:
     stop_after_steps: int | None = None
     job_start_time: float | None = None
     step_delay_seconds: float = 0.0
-    faults: list[Fault] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)  # TEST-ONLY (trainer.faults)
     tensorboard: bool = True
 
     @classmethod
@@ -164,7 +135,7 @@ class Trainer:
         self.lr_schedule = lr_schedule_from_config(cfg)
         self.rampup = rampup_from_config(cfg)
         self.state = TrainState()
-        self._nan_now = False
+        self.faults = FaultInjector(overrides.faults, self.rank)  # TEST-ONLY; inert without TRAINER_FAULT
 
     def build(self) -> None:
         from trainer.model import build_pipeline_module, universal_checkpoint_info
@@ -175,13 +146,7 @@ class Trainer:
         initialize_model_parallel(self.layout)
         seed_everything(cfg.seed)
         module = build_pipeline_module(cfg, self.layout)
-        inner_loss = module.loss_fn
-
-        def loss_fn(outputs, labels):  # the TEST-ONLY nan fault poisons the loss, hence every gradient
-            loss = inner_loss(outputs, labels)
-            return loss * float("nan") if self._nan_now else loss
-
-        module.loss_fn = loss_fn
+        module.loss_fn = self.faults.wrap_loss(module, module.loss_fn)
         # Chosen before the engine exists: a checkpoint of another layout loads as a universal one,
         # which DeepSpeed must know at initialisation.
         self.layout_dict = {"tp": self.layout.tp, "pp": self.layout.pp, "dp": self.layout.dp}
@@ -193,6 +158,11 @@ class Trainer:
                        f"{len(groups)} param groups {[g.get('name') for g in groups]}, layout tp={self.layout.tp} "
                        f"pp={self.layout.pp} dp={self.layout.dp}")
         self.uc_info = universal_checkpoint_info(cfg, self.layout)
+        self.async_writer = None
+        if cfg.checkpoint.async_save:  # every rank, same point: it creates the writers' process group
+            from trainer.async_checkpoint import AsyncCheckpointer
+
+            self.async_writer = AsyncCheckpointer(self.faults)
         self.dp_rank = self.engine.grid.get_data_parallel_id()
         self.dataset, self.valid_dataset = build_datasets(cfg, self.paths, self.rank)
         if self.valid_dataset is None and cfg.data.eval_iters:
@@ -203,8 +173,11 @@ class Trainer:
         if found is None:
             log(self.rank, "no checkpoint to resume from: starting at step 0")
             return
+        loading = time.time()
         client = ckpt.load_checkpoint(self.engine, self.paths, found)
         self.state = TrainState.from_dict(client)
+        # For the controller: goodput accounting, and the step this job really resumed from.
+        self.hb.note(checkpoint_load_seconds=time.time() - loading, resumed_from=self.state.step)
         expected = self.rampup.global_batch_at(max(0, self.state.consumed_samples - self.state.global_batch))
         if self.state.global_batch and expected != self.state.global_batch:
             log(self.rank, f"WARNING: the rampup config changed: the checkpoint's last batch was "
@@ -218,12 +191,21 @@ class Trainer:
         started = time.time()
         client = {**asdict(self.state), "lr_schedule": asdict(self.lr_schedule), "rampup": asdict(self.rampup),
                   "why": why}
-        path = ckpt.save_checkpoint(self.engine, self.paths, self.state.step, client, self.cfg.checkpoint.keep_last,
-                                    self.dist.job_id, extra_client_state={UNIVERSAL_CHECKPOINT_INFO: self.uc_info},
-                                    layout=self.layout_dict)
+        save = self.async_writer.save if self.async_writer is not None else ckpt.save_checkpoint
+        path = save(self.engine, self.paths, self.state.step, client, self.cfg.checkpoint.keep_last,
+                    self.dist.job_id, extra_client_state={UNIVERSAL_CHECKPOINT_INFO: self.uc_info},
+                    layout=self.layout_dict)
         self.controls.checkpoint_saved()
-        log(self.rank, f"saved {path.name} ({why}) in {time.time() - started:.1f}s")
+        done = "snapshot of" if self.async_writer is not None else "saved"
+        log(self.rank, f"{done} {path.name} ({why}) in {time.time() - started:.3f}s")
         self.hb.set_phase(Phase.STEP, self.state.step)
+
+    def wait_for_checkpoint_write(self) -> None:
+        """Before any clean exit: an async write in flight is finished and sealed (or failed)."""
+        if self.async_writer is not None and self.async_writer.in_flight:
+            self.hb.set_phase(Phase.CHECKPOINT, self.state.step)
+            log(self.rank, f"waiting for the background write of {self.async_writer.in_flight} before exiting")
+            self.async_writer.wait()
 
     def evaluate(self) -> float | None:
         """Mean loss over the fixed validation batches (collective), in the EVAL phase."""
@@ -240,25 +222,6 @@ class Trainer:
                   for _ in range(cfg.data.eval_iters)]
         self.hb.set_phase(Phase.STEP, self.state.step)
         return sum(losses) / len(losses)
-
-    def inject_faults(self, step: int) -> None:
-        """TEST-ONLY: act on TRAINER_FAULT entries for this step and rank."""
-        self._nan_now = False
-        for fault in self.ov.faults:
-            if fault.step != step or (fault.rank is not None and fault.rank != self.rank):
-                continue
-            print(f"[trainer rank {self.rank}] TEST FAULT {fault.kind} at step {step}", file=sys.stderr, flush=True)
-            if fault.kind == "nan":
-                self._nan_now = True
-            elif fault.kind == "hang":
-                while True:  # the heartbeat thread keeps beating; progress stands still
-                    time.sleep(3600)
-            elif fault.kind == "crash":
-                os._exit(int(ExitCode.FAILED))  # abrupt: no checkpoint, no cleanup (like a segfault)
-            elif fault.kind == "sigkill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif fault.kind == "sigusr1":
-                os.kill(os.getpid(), signal.SIGUSR1)
 
     def train(self) -> ExitCode:
         cfg, st = self.cfg, self.state
@@ -291,14 +254,13 @@ class Trainer:
             eng.set_global_batch(self.engine, global_batch)
             lr = self.lr_schedule.lr_at(st.lr_samples)
             eng.set_lr(self.engine, lr)
-            self.inject_faults(st.step + 1)
+            self.faults.before_step(st.step + 1)
             if self.ov.step_delay_seconds:
                 time.sleep(self.ov.step_delay_seconds)
             skipped_before = self.engine.skipped_steps
             started = time.time()
             loss = float(self.engine.train_batch(batches))
             seconds = time.time() - started
-            self._nan_now = False
             skipped = eng.step_was_skipped(self.engine, skipped_before)
             st.step += 1
             st.consumed_samples += global_batch
@@ -329,9 +291,11 @@ class Trainer:
             if decision.stop or stop_after:
                 why = self.controls.describe_stop(decision) if decision.stop else "TRAINER_STOP_AFTER_STEPS"
                 print(f"[trainer rank {self.rank}] stopping at step {st.step}: {why}", flush=True)
+                self.wait_for_checkpoint_write()
                 return ExitCode.KILLED if decision.kill else ExitCode.TIME_BUDGET
         if st.step != last_saved_step:
             self.save("finished")
+        self.wait_for_checkpoint_write()
         log(self.rank, f"finished: {st.step} steps, {st.consumed_samples} samples, {st.skipped_total} skipped")
         return ExitCode.FINISHED
 

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-UNIVERSAL_SUFFIX = "_universal"
+from trainer.checkpoint_format import UNIVERSAL_SUFFIX, hash_files_shared, list_files, write_manifest
 
 
 def universal_client_state(cfg, layout) -> dict[str, Any]:
@@ -113,8 +113,6 @@ def convert_to_universal(source: Path, output: Path | None = None, *, workers: i
 
 
 def _write_manifest(ckpt_dir: Path, source: Path) -> None:
-    from trainer.checkpoint import hash_files_shared, list_files, write_manifest
-
     entries = hash_files_shared(ckpt_dir, list_files(ckpt_dir))
     write_manifest(ckpt_dir, entries, {"universal_from": source.name, "converted_at": time.time()})
 
@@ -139,6 +137,10 @@ def _source_of(args: argparse.Namespace) -> Path:
     from orchestrator.protocol import RunPaths
 
     paths = RunPaths.of(args.run_dir)
+    if paths.config.is_file():  # the checkpoints are where the run's config says
+        from orchestrator.config import load_config
+
+        paths = RunPaths.of(args.run_dir, load_config(paths.config).checkpoint.dir)
     if args.step is not None:
         return paths.checkpoint(args.step)
     if not paths.latest.exists():

@@ -37,7 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--timeout", type=float, default=180.0, help="seconds to wait for the nodes (default 180)"
     )
     up.add_argument("--ctld-port", type=int, default=16817, help="slurmctld's port (default 16817)")
-    up.add_argument("--slurmd-base-port", type=int, default=17001, help="node k listens on this + k - 1 (default 17001)")
+    up.add_argument(
+        "--slurmd-base-port", type=int, default=17001, help="node k listens on this + k - 1 (default 17001)"
+    )
     up.add_argument("--no-install", action="store_true", help="never apt-get install")
     up.add_argument("--json", action="store_true")
     up.set_defaults(func=run_up)

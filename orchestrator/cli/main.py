@@ -20,6 +20,8 @@ COMMAND_MODULES = [
     "watch_cmd",
     "kill_cmd",
     "report_cmd",
+    "doctor_cmd",
+    "metrics_cmd",
 ]
 
 

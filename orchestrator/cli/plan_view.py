@@ -48,6 +48,12 @@ def print_plan(name: str, plan: Plan, console: Console | None = None) -> None:
         ),
         ("checkpoint size", f"{plan.checkpoint_bytes / 1024**4:.2f} TiB"),
         (
+            "host memory per node",
+            f"{plan.host_memory_needed_gib_per_node:.1f} GiB of {plan.host_memory_gib:g} GiB for the "
+            f"{'async' if plan.async_save else 'async (off: sync saves)'} checkpoint snapshot "
+            f"({plan.snapshot_gib_per_rank:.1f} GiB per rank)",
+        ),
+        (
             "checkpoint interval",
             "steps-based only"
             if plan.checkpoint_interval_hours is None
@@ -65,8 +71,19 @@ def print_plan(name: str, plan: Plan, console: Console | None = None) -> None:
     console.print(summary)
 
     stages = Table(title="memory per GPU by pipeline stage (GiB)")
-    for column in ("stage", "layers", "emb", "params/GPU", "bf16 w", "bf16 g", "fp32 acc", "optim/dp",
-                   "act", "act no-recompute", "total"):
+    for column in (
+        "stage",
+        "layers",
+        "emb",
+        "params/GPU",
+        "bf16 w",
+        "bf16 g",
+        "fp32 acc",
+        "optim/dp",
+        "act",
+        "act no-recompute",
+        "total",
+    ):
         stages.add_column(column, justify="right")
     for s in plan.stages:
         over = s.total_gib > plan.gpu_memory_gib

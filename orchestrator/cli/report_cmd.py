@@ -28,20 +28,39 @@ def run_report(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2, default=str))
         return EXIT_OK
     goodput = summary["goodput"]
-    print(f"run {paths.root.name}: {summary['steps']} steps, final loss {summary['final_loss']}, "
-          f"status {summary['status'] or '?'}")
+    print(
+        f"run {paths.root.name}: {summary['steps']} steps, final loss {summary['final_loss']}, "
+        f"status {summary['status'] or '?'}"
+    )
     if goodput is not None:
-        print(f"goodput {goodput:.1%}: {summary['useful_compute_seconds']:.1f} s useful compute of "
-              f"{summary['wall_seconds']:.1f} s wall ({summary['spent_compute_seconds']:.1f} s spent, "
-              f"{summary['restarts']} restart(s))")
+        print_goodput(summary)
     for n, incident in enumerate(summary["incidents"], 1):
-        print(f"  incident {n}: {incident['cause']} in job {incident['failed_job']} -> job {incident['new_job']}; "
-              f"detected after {_s(incident['detection_latency_s'])}, training again after "
-              f"{_s(incident['failure_to_first_step_s'])}, lost {incident['work_lost_steps']} step(s); "
-              f"excluded {incident['excluded'] or 'none'}")
+        print(
+            f"  incident {n}: {incident['cause']} in job {incident['failed_job']} -> job {incident['new_job']}; "
+            f"detected after {_s(incident['detection_latency_s'])}, training again after "
+            f"{_s(incident['failure_to_first_step_s'])}, lost {incident['work_lost_steps']} step(s); "
+            f"excluded {incident['excluded'] or 'none'}"
+        )
     print(f"loss curve: {summary['loss_png'] or summary.get('loss_png_skipped')}")
+    if summary.get("goodput_png"):
+        print(f"time breakdown: {summary['goodput_png']}")
     print(f"summary: {summary['summary_json']}")
     return EXIT_OK
+
+
+def print_goodput(summary: dict) -> None:
+    """The whole-run and last-24 h breakdown of wall time (also what `make demo` ends with)."""
+    from orchestrator.goodput import format_breakdown  # noqa: PLC0415
+
+    tb = summary["time_breakdown"]
+    for title, part in (("whole run", tb["whole_run"]), ("last 24 h", tb["last_24h"])):
+        share = f"{part['goodput']:.1%}" if part["goodput"] is not None else "-"
+        print(f"goodput ({title}): {share} of {part['wall_seconds'] / 3600:.2f} h wall")
+        for line in format_breakdown(part):
+            print(f"  {line}")
+    print(
+        f"  ({summary['restarts']} restart(s); {summary['spent_compute_seconds']:.1f} s of step compute spent)"
+    )
 
 
 def _s(value) -> str:

@@ -1,6 +1,6 @@
 """`runctl submit CONFIG`, `runctl status [RUN_DIR]`, `runctl cancel RUN_DIR`.
 
-The scheduler is RUNCTL_SCHEDULER=slurm|mock (default: slurm when `sbatch` is on PATH). The
+The scheduler is RUNCTL_SCHEDULER=slurm|mock (default slurm; the mock only when asked for). The
 library does the work (`orchestrator.runs`); this file parses, calls and prints.
 """
 
@@ -55,7 +55,7 @@ def run_submit(args: argparse.Namespace) -> int:
 
     scheduler = None if args.dry_run else get_scheduler()
     result = submit_run(args.config, args.run_dir, scheduler, chain=args.chain, dry_run=args.dry_run)
-    result.scheduler = scheduler_name() if scheduler is None else scheduler.name
+    result.scheduler = scheduler_name(require_sbatch=False) if scheduler is None else scheduler.name
     if args.json:
         print(json.dumps(asdict(result), indent=2))
         return EXIT_OK
@@ -92,6 +92,9 @@ def format_job_table(rows: list[dict]) -> str:
             _when(r["submitted_at"]), _when(r["started_at"]), _when(r["ended_at"]), r["submit_reason"] or "-",
             r["reason"] or "-",
         ])  # fmt: skip
+    from orchestrator.textsafe import for_terminal  # reasons may come from other users
+
+    table = [[for_terminal(c) for c in row] for row in table]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
     return "\n".join(
         "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
@@ -109,10 +112,13 @@ def run_status(args: argparse.Namespace) -> int:
     rows = job_table(run_dir, get_scheduler())
     dashboard = dashboard_data(run_dir)
     if args.json:
-        print(json.dumps(
-            {"run_dir": str(run_dir.resolve()), "name": cfg.name, "jobs": rows, "dashboard": dashboard},
-            indent=2, default=str,
-        ))
+        print(
+            json.dumps(
+                {"run_dir": str(run_dir.resolve()), "name": cfg.name, "jobs": rows, "dashboard": dashboard},
+                indent=2,
+                default=str,
+            )
+        )
         return EXIT_OK
     print(f"run {cfg.name} in {run_dir.resolve()}")
     if not rows:

@@ -17,26 +17,36 @@ import os
 import sys
 from pathlib import Path
 
-from orchestrator.errors import EXIT_OK, RunBusyError, UsageError
+from orchestrator.errors import EXIT_OK, PermissionDeniedError, RunBusyError, UsageError
 
 PID_FILE = "controller.pid"
 LOG_FILE = "controller.log"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    watch = subparsers.add_parser("watch", help="supervise a run: detect dead/hung ranks, restart, obey the kill switch")
+    watch = subparsers.add_parser(
+        "watch", help="supervise a run: detect dead/hung ranks, restart, obey the kill switch"
+    )
     watch.add_argument("run_dir", help="run directory (made by `runctl submit`)")
     mode = watch.add_mutually_exclusive_group()
-    mode.add_argument("--detach", action="store_true", help="run in the background (pid and log in the run directory)")
+    mode.add_argument(
+        "--detach", action="store_true", help="run in the background (pid and log in the run directory)"
+    )
     mode.add_argument("--once", action="store_true", help="one supervision pass, then exit (tests, cron)")
-    watch.add_argument("--stay", action="store_true", help="keep watching after the run stops (wait for `runctl resume`)")
+    watch.add_argument(
+        "--stay", action="store_true", help="keep watching after the run stops (wait for `runctl resume`)"
+    )
     watch.add_argument("--plain", action="store_true", help="log lines instead of the live view")
     watch.add_argument("--json", action="store_true", help="with --once: print the pass result as JSON")
     watch.set_defaults(func=run_watch)
 
-    events = subparsers.add_parser("events", help="what the controller saw and did (events.jsonl), or the audit trail")
+    events = subparsers.add_parser(
+        "events", help="what the controller saw and did (events.jsonl), or the audit trail"
+    )
     events.add_argument("run_dir", help="run directory")
-    events.add_argument("--last", type=int, default=20, metavar="N", help="the last N lines (default 20; 0: all)")
+    events.add_argument(
+        "--last", type=int, default=20, metavar="N", help="the last N lines (default 20; 0: all)"
+    )
     events.add_argument("--audit", action="store_true", help="show audit.jsonl (operator actions) instead")
     events.add_argument("--json", action="store_true", help="one JSON object a line")
     events.set_defaults(func=run_events)
@@ -47,7 +57,7 @@ def scheduler_for_run(run_dir: Path):
     from orchestrator.protocol import RunPaths, read_jsonl  # noqa: PLC0415
     from orchestrator.slurm import BACKENDS, get_scheduler  # noqa: PLC0415
 
-    ledger = read_jsonl(RunPaths.of(run_dir).jobs / "submissions.jsonl")
+    ledger = read_jsonl(RunPaths.of(run_dir).submissions)
     name = ledger[-1].get("scheduler") if ledger else None
     if os.environ.get("RUNCTL_SCHEDULER") or name not in BACKENDS:
         name = None
@@ -62,10 +72,30 @@ def make_controller(run_dir: Path, scheduler=None):
     return Controller(run_dir, cfg, scheduler or scheduler_for_run(run_dir))
 
 
+def refuse_non_owner(run_dir: Path) -> None:
+    """Only the run's owner runs its controller: it submits jobs (they would run as whoever runs
+    it) and is the only writer of state, events and the audit trail (docs/security.md)."""
+    owner_uid = run_dir.stat().st_uid
+    if os.geteuid() == owner_uid:
+        return
+    from orchestrator.operators import User, run_owner  # noqa: PLC0415
+    from orchestrator.protocol import RunPaths  # noqa: PLC0415
+
+    raise PermissionDeniedError(
+        f"only the owner of {run_dir} ({run_owner(RunPaths.of(run_dir))}) may run its controller; you are "
+        f"{User.current().name}. To follow the run use `runctl status {run_dir}` or `runctl events {run_dir}`; "
+        f"to stop it `runctl kill`; if no controller is running, ask the owner to start "
+        f"`runctl watch {run_dir} --detach`."
+    )
+
+
 def run_watch(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir).resolve()
     if not (run_dir / "run.yaml").exists():
-        raise UsageError(f"{run_dir} is not a run directory (no run.yaml): give the directory `runctl submit` made")
+        raise UsageError(
+            f"{run_dir} is not a run directory (no run.yaml): give the directory `runctl submit` made"
+        )
+    refuse_non_owner(run_dir)
     if args.detach:
         return detach(run_dir, stay=args.stay)
     controller = make_controller(run_dir)
@@ -75,9 +105,16 @@ def run_watch(args: argparse.Namespace) -> int:
             result = controller.tick()
             if args.json:
                 a = result.assessment
-                print(json.dumps({"status": result.status, "actions": result.actions,
-                                  "findings": [f.as_dict() for f in a.findings] if a else [],
-                                  "ranks_seen": a.ranks_seen if a else 0}))
+                print(
+                    json.dumps(
+                        {
+                            "status": result.status,
+                            "actions": result.actions,
+                            "findings": [f.as_dict() for f in a.findings] if a else [],
+                            "ranks_seen": a.ranks_seen if a else 0,
+                        }
+                    )
+                )
             else:
                 _print_dashboard(run_dir)
             return EXIT_OK
@@ -94,13 +131,17 @@ def run_watch(args: argparse.Namespace) -> int:
 def _plain_logger(run_dir: Path):
     from orchestrator.protocol import RunPaths  # noqa: PLC0415
 
-    seen = {"n": len(RunPaths.of(run_dir).events.read_text().splitlines()) if RunPaths.of(run_dir).events.exists() else 0}
+    seen = {
+        "n": len(RunPaths.of(run_dir).events.read_text().splitlines())
+        if RunPaths.of(run_dir).events.exists()
+        else 0
+    }
 
     def on_pass(result) -> None:
         from orchestrator.controller import read_events  # noqa: PLC0415
 
         events = read_events(RunPaths.of(run_dir))
-        for event in events[seen["n"]:]:
+        for event in events[seen["n"] :]:
             detail = {k: v for k, v in event.items() if k not in ("time", "event")}
             print(f"[watch] {event['event']}: {json.dumps(detail, default=str)[:200]}", flush=True)
         seen["n"] = len(events)
@@ -131,7 +172,9 @@ def detach(run_dir: Path, stay: bool = False) -> int:
 
     holder = lock_holder(run_dir)
     if holder:
-        raise RunBusyError(f"a controller already watches {run_dir}: pid {holder.get('pid')} on {holder.get('host')}")
+        raise RunBusyError(
+            f"a controller already watches {run_dir}: pid {holder.get('pid')} on {holder.get('host')}"
+        )
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid > 0:  # the CLI: wait for the grandchild's pid, print it, return
@@ -139,8 +182,10 @@ def detach(run_dir: Path, stay: bool = False) -> int:
         with os.fdopen(read_end) as pipe:
             daemon_pid = pipe.read().strip()
         os.waitpid(pid, 0)
-        print(f"controller for {run_dir.name} running as pid {daemon_pid}; log: {run_dir / LOG_FILE}; "
-              f"stop it with `kill {daemon_pid}`")
+        print(
+            f"controller for {run_dir.name} running as pid {daemon_pid}; log: {run_dir / LOG_FILE}; "
+            f"stop it with `kill {daemon_pid}`"
+        )
         return EXIT_OK
     os.close(read_end)
     os.setsid()
@@ -186,20 +231,37 @@ def run_events(args: argparse.Namespace) -> int:
     paths = RunPaths.of(args.run_dir)
     if not paths.config.exists():
         raise UsageError(f"{paths.root} is not a run directory (no run.yaml)")
-    records = read_jsonl(paths.audit if args.audit else paths.events)
+    from orchestrator.textsafe import for_terminal  # noqa: PLC0415
+
+    records = [r for r in read_jsonl(paths.audit if args.audit else paths.events) if isinstance(r, dict)]
     if args.last:
-        records = records[-args.last:]
+        records = records[-args.last :]
     import time  # noqa: PLC0415
 
     for record in records:
         if args.json:
             print(json.dumps(record, sort_keys=True))
             continue
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("time", 0)))
+        try:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("time", 0)))
+        except (TypeError, ValueError, OverflowError, OSError):
+            stamp = "????-??-?? ??:??:??"
         if args.audit:
-            verdict = "allowed" if record.get("allowed") else "REFUSED"
-            print(f"{stamp}  {record.get('user')}  {record.get('action')}  {verdict}  reason: {record.get('reason')}")
+            verdict = "allowed" if record.get("allowed") is True else "REFUSED"
+            user, action, reason = (for_terminal(record.get(k)) for k in ("user", "action", "reason"))
+            print(f"{stamp}  {user}  {action}  {verdict}  reason: {reason}")
         else:
             detail = {k: v for k, v in record.items() if k not in ("time", "event")}
-            print(f"{stamp}  {record.get('event')}  {json.dumps(detail, default=str)}")
+            print(f"{stamp}  {for_terminal(record.get('event'))}  {json.dumps(detail, default=str)}")
+            if record.get("event") == "stacks_dumped":
+                _print_stack_files(record, for_terminal)
     return EXIT_OK
+
+
+def _print_stack_files(record: dict, for_terminal) -> None:
+    """Where a hang's evidence is: the Python stacks, and on GPUs the NCCL flight recorder."""
+    folder = for_terminal(record.get("directory"))
+    recorder = [for_terminal(n) for n in record.get("flight_recorder") or []]
+    print(f"    python stacks: {folder}/ ({len(record.get('files') or [])} file(s))")
+    if recorder:
+        print(f"    NCCL flight recorder ({len(recorder)} rank dump(s)): {folder}/{recorder[0]} ...")

@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -123,7 +124,8 @@ class LocalCluster:
     in sequence (not concurrently: `up` and `down` are not locked against each other)."""
 
     def __init__(self, directory: Path | str | None = None):
-        self.dir = Path(directory or default_cluster_dir()).resolve()
+        self.given_dir = Path(directory or default_cluster_dir())
+        self.dir = self.given_dir.resolve()
 
     # Paths -------------------------------------------------------------------------------------
     @property
@@ -225,6 +227,34 @@ class LocalCluster:
                 )
         return "\n".join(lines) + "\n"
 
+    def _claim_dir(self) -> None:
+        """The cluster dir must be ours: the default is a predictable name in /tmp, where another
+        user could have made it first (or a symlink by that name) to feed our daemons their
+        slurm.conf and munge key. Made 0700 when absent; refused when not ours."""
+        try:
+            self.given_dir.mkdir(mode=0o700, parents=True)
+        except FileExistsError:
+            pass
+        for path in {self.given_dir, self.dir}:
+            info = os.lstat(path)
+            bad = (
+                "is a symbolic link"
+                if stat.S_ISLNK(info.st_mode) and path == self.given_dir and info.st_uid != os.geteuid()
+                else "is not a directory"
+                if not stat.S_ISDIR(os.stat(path).st_mode)
+                else f"belongs to uid {info.st_uid}"
+                if info.st_uid != os.geteuid()
+                else "is writable by other users"
+                if info.st_mode & 0o022
+                else None
+            )
+            if bad:
+                raise ClusterError(
+                    f"{path} {bad}, so it is not a safe place for this cluster's config, munge key and "
+                    f"daemons: pass --dir (or RUNCTL_CLUSTER_DIR) with a directory of your own, e.g. "
+                    f"$HOME/runctl-cluster, or remove {path} if it is a leftover"
+                )
+
     def _write_files(self, spec: ClusterSpec) -> None:
         for sub in ("state", "spool", "run", "log", "munge", "gres"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
@@ -298,6 +328,7 @@ class LocalCluster:
         `down` first). Some daemons dead: the survivors are stopped and all restarted.
         """
         spec = spec or ClusterSpec()
+        self._claim_dir()
         record = self._record()
         if record.get("pids"):
             alive = self._alive_pids(record)
@@ -310,7 +341,11 @@ class LocalCluster:
                 self._wait_idle(spec, timeout)
                 return self.status()
             self.down()
-        busy = [p for p in [spec.ctld_port, *range(spec.slurmd_base_port, spec.slurmd_base_port + spec.nodes)] if port_busy(p)]
+        busy = [
+            p
+            for p in [spec.ctld_port, *range(spec.slurmd_base_port, spec.slurmd_base_port + spec.nodes)]
+            if port_busy(p)
+        ]
         if busy:
             raise ClusterError(
                 f"port(s) {busy[:5]} on 127.0.0.1 are in use (another local cluster?): stop it with "

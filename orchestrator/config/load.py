@@ -75,16 +75,54 @@ def parse_config(data: Any, source: str = "<config>") -> RunConfig:
     return cfg
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error (PyYAML keeps the
+    last one silently: a second `poll_seconds:` further down would win without a word)."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # keys merged in with `<<` may be overridden on purpose
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            first = seen.get(key)
+        except TypeError:
+            continue  # an unhashable key: the mapping constructor reports it
+        line = key_node.start_mark.line + 1
+        if first is not None:
+            raise DuplicateKeyError(f"key {key!r} is given twice (lines {first} and {line}): keep one")
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    pass
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def safe_load_unique(text: str) -> Any:
+    """yaml.safe_load that refuses duplicate keys (DuplicateKeyError, a yaml.YAMLError)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_yaml(path: str | Path) -> Any:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(str(path), ["file not found: give the path of a run config (see configs/)"]) from None
+        raise ConfigError(
+            str(path), ["file not found: give the path of a run config (see configs/)"]
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), [f"cannot read the file: {exc}"]) from None
     try:
-        return yaml.safe_load(text)
+        return safe_load_unique(text)
+    except DuplicateKeyError as exc:
+        raise ConfigError(str(path), [str(exc)]) from None
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
 

@@ -57,7 +57,9 @@ def cross_field_problems(cfg: RunConfig) -> list[str]:
     padded = cfg.padded_vocab_size
     multiple = m.make_vocab_size_divisible_by * tp
     if padded < m.vocab_size:
-        problems.append(f"model.padded_vocab_size = {padded} is smaller than model.vocab_size = {m.vocab_size}")
+        problems.append(
+            f"model.padded_vocab_size = {padded} is smaller than model.vocab_size = {m.vocab_size}"
+        )
     if padded % multiple != 0:
         problems.append(
             f"model.padded_vocab_size = {padded} is not divisible by make_vocab_size_divisible_by*tp = "
@@ -100,8 +102,34 @@ def cross_field_problems(cfg: RunConfig) -> list[str]:
         )
 
     if c.accelerator == "cpu" and m.dtype == "bf16" and m.kernels == "triton":
-        problems.append("model.kernels = triton needs cluster.accelerator = cuda (or use auto/reference on CPU)")
+        problems.append(
+            "model.kernels = triton needs cluster.accelerator = cuda (or use auto/reference on CPU)"
+        )
 
     if cfg.notifications.events and cfg.notifications.webhook is None and cfg.notifications.email is None:
         pass  # events without a channel are fine: the events still go to events.jsonl
+    problems += signal_problems(c.pre_timeout_signal)
     return problems
+
+
+# Signals something else in the job already means, and what. The pre-timeout signal must mean
+# only "save now, time is nearly up". USR1 (the default) is free: SLURM sends it only when asked
+# (--signal), NCCL installs no signal handlers (its watchdog and the flight recorder run on
+# timeouts and environment variables), torchrun forwards TERM/INT/HUP/QUIT, not USR1, and
+# Megatron and Lightning use USR1 for the same purpose.
+RESERVED_SIGNALS = {
+    "USR2": "the trainer's stack dumps (faulthandler on SIGUSR2: the controller's hang forensics and "
+    "`runctl dump-stacks`)",
+    "TERM": "SLURM itself (scancel, preemption and the time limit send SIGTERM, then SIGKILL after "
+    "KillWait), forwarded by srun and torchrun as 'stop now'",
+}
+
+
+def signal_problems(pre_timeout_signal: str) -> list[str]:
+    used_by = RESERVED_SIGNALS.get(pre_timeout_signal)
+    if used_by is None:
+        return []
+    return [
+        f"cluster.pre_timeout_signal = {pre_timeout_signal} is already used by {used_by}; the trainer "
+        "could not tell 'save, the time limit is near' from it: use USR1 (the default)"
+    ]

@@ -27,18 +27,29 @@ PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 Probability = Annotated[float, Field(ge=0, lt=1)]
+# numpy's RandomState/SeedSequence take seeds in [0, 2**32-1]: anything else crashes the trainer
+# after submission instead of failing here.
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
+# Polling and beating faster than this only loads the login node and the scheduler (poll_seconds
+# runs `squeue --json` over the whole cluster).
+Seconds = Annotated[float, Field(ge=0.1)]
+TimeoutSeconds = Annotated[float, Field(ge=1.0)]
 
 
 class Section(BaseModel):
-    """Unknown keys are errors: a typo must not silently fall back to a default on 384 GPUs."""
+    """Unknown keys are errors: a typo must not silently fall back to a default on 384 GPUs.
+    Every float is finite (`.inf` would pass `gt=0` and turn a timeout or a checkpoint interval
+    into "never")."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 class ClusterConfig(Section):
     nodes: PositiveInt
     gpus_per_node: PositiveInt
     gpu_memory_gib: PositiveFloat = 80.0
+    # Host RAM per node (an A100 node of Jean Zay's gpu_p5: 512 GiB); bounds the async-save snapshot.
+    host_memory_gib: PositiveFloat = 512.0
     gpu_peak_tflops: PositiveFloat = 312.0  # A100 bf16 dense
     # Achieved model+recompute TFLOPs per GPU that the planner assumes (BLOOM measured ~150).
     achieved_tflops_per_gpu: PositiveFloat = 150.0
@@ -133,9 +144,9 @@ class ParallelConfig(Section):
     global_batch_size: PositiveInt
     rampup: RampupConfig | None = None
     activation_checkpointing: bool = True
-    partition_method: Annotated[str, StringConstraints(pattern=r"^(parameters|uniform|type:[A-Za-z_|]+)$")] = (
-        "type:transformer|embedding"
-    )
+    partition_method: Annotated[
+        str, StringConstraints(pattern=r"^(parameters|uniform|type:[A-Za-z_|]+)$")
+    ] = "type:transformer|embedding"
     zero_stage: Literal[1] = 1
 
 
@@ -171,7 +182,7 @@ class DataConfig(Section):
     split: Annotated[str, StringConstraints(pattern=r"^\d+(\.\d+)?(,\d+(\.\d+)?){0,2}$")] = "949,50,1"
     train_samples: PositiveInt | None = None
     train_tokens: PositiveInt | None = None
-    seed: int = 1234
+    seed: Seed = 1234
     eval_interval: PositiveInt = 1000
     eval_iters: Annotated[int, Field(ge=0)] = 5
     log_interval: PositiveInt = 1
@@ -193,27 +204,35 @@ class CheckpointConfig(Section):
     exit_duration_minutes: PositiveFloat | None = None
     # Expected save time, for the planner's Young/Daly interval (measured ones replace it).
     save_seconds: PositiveFloat = 300.0
+    # Snapshot to host memory at the save point and write in the background (trainer.async_checkpoint):
+    # training stalls for the copy, not the write. Costs host RAM (the planner checks it fits).
+    async_save: bool = False
 
     @model_validator(mode="after")
     def _some_cadence(self) -> CheckpointConfig:
         if self.interval_hours is None and self.interval_steps is None:
-            raise ValueError("set interval_hours and/or interval_steps: a run without checkpoints loses everything")
+            raise ValueError(
+                "set interval_hours and/or interval_steps: a run without checkpoints loses everything"
+            )
         return self
 
 
 class WatchdogConfig(Section):
-    heartbeat_seconds: PositiveFloat = 10.0
-    poll_seconds: PositiveFloat = 5.0
+    heartbeat_seconds: Seconds = 10.0
+    poll_seconds: Seconds = 5.0
     # A rank whose beat is older than this is dead (crash, lost node).
-    dead_after_seconds: PositiveFloat = 60.0
+    dead_after_seconds: TimeoutSeconds = 60.0
     # Floors of the per-phase no-progress timeouts; learned timeouts never go below them.
-    init_timeout_seconds: PositiveFloat = 1800.0
-    step_timeout_seconds: PositiveFloat = 600.0
-    checkpoint_timeout_seconds: PositiveFloat = 3600.0
-    eval_timeout_seconds: PositiveFloat = 1800.0
+    init_timeout_seconds: TimeoutSeconds = 1800.0
+    step_timeout_seconds: TimeoutSeconds = 600.0
+    checkpoint_timeout_seconds: TimeoutSeconds = 3600.0
+    eval_timeout_seconds: TimeoutSeconds = 1800.0
     # Learned timeout = factor x the longest observed duration of that phase.
     timeout_factor: Annotated[float, Field(ge=1.0)] = 5.0
     max_restarts_without_progress: PositiveInt = 3
+    # One incident (one failure detection) excludes at most this many nodes: when more look bad at
+    # once, the job, the filesystem or the network is suspected, not N nodes.
+    max_excluded_per_incident: PositiveInt = 2
     # Expected minutes from a failure to training again (detect + requeue + init): for the planner.
     restart_minutes: PositiveFloat = 30.0
 
@@ -242,12 +261,12 @@ class NotificationsConfig(Section):
         "finish",
         "disk",
     ]
-    timeout_seconds: PositiveFloat = 10.0
+    timeout_seconds: Seconds = 10.0
 
 
 class RunConfig(Section):
     name: SafeWord
-    seed: int = 42
+    seed: Seed = 42
     cluster: ClusterConfig
     model: ModelConfig
     parallel: ParallelConfig
@@ -288,4 +307,3 @@ class RunConfig(Section):
     @property
     def decay_samples(self) -> int:
         return self.optimizer.decay_samples or self.train_samples
-

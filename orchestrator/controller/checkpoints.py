@@ -1,12 +1,12 @@
-"""The controller's read-only view of checkpoints: which exist, which verify, how big they are.
+"""The controller's read-only view of checkpoints: which exist, which a resume will use, how big.
 
-The trainer resumes from the newest checkpoint whose MANIFEST verifies; the controller checks the
-same thing to say which step a restart will resume from, to report a damaged checkpoint (never
-deleting it) and to size the next one for the disk check. Verification reads every byte (sha256),
-so the controller does it only when it restarts or reports, not on every pass.
-
-The manifest format and its verification are the contract's (orchestrator.protocol.verify_manifest),
-shared with the trainer.
+The login node never reads a checkpoint's bytes to decide a restart: hashing BLOOM's 2.3 TB on one
+thread is most of an hour, with nothing supervised meanwhile. The ranks verify hashes when they
+resume (in parallel, each its own shard) and report a damaged checkpoint in
+`checkpoints/damaged.jsonl`. The controller predicts their choice with the same rule
+(protocol.resume_candidates: newest with a manifest, not newer than `latest`) and checks only what
+is cheap: the manifest and every file's presence and size (stat), plus the ranks' damage reports.
+A checkpoint removed meanwhile (keep-last) is skipped, never an error. Nothing is ever deleted here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.protocol import LATEST_NAME, MANIFEST_NAME, step_of, verify_manifest
+from orchestrator.protocol import (
+    DAMAGED_LOG_NAME,
+    LATEST_NAME,
+    MANIFEST_NAME,
+    read_jsonl,
+    resume_candidates,
+    step_of,
+    verify_manifest,
+)
 
 
 @dataclass
@@ -27,44 +35,83 @@ class CheckpointInfo:
     saved_at: float | None  # mtime of the manifest: when the checkpoint became complete
 
 
+def _info(path: Path) -> CheckpointInfo | None:
+    step = step_of(path.name)
+    if step is None:
+        return None
+    manifest_path = path / MANIFEST_NAME
+    size, saved_at, complete = 0, None, False
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        size = sum(int(meta.get("size", 0)) for meta in manifest["files"].values())
+        saved_at = manifest_path.stat().st_mtime
+        complete = True
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        pass
+    return CheckpointInfo(step, path, complete, size, saved_at)
+
+
 def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
     """Every step_N directory, oldest first (cheap: reads manifests, hashes nothing)."""
     found: list[CheckpointInfo] = []
     try:
         children = list(Path(directory).iterdir())
-    except FileNotFoundError:
+    except OSError:
         return found
     for child in children:
-        step = step_of(child.name)
-        if step is None or not child.is_dir():
-            continue
-        manifest_path = child / MANIFEST_NAME
-        size, saved_at, complete = 0, None, False
         try:
-            manifest = json.loads(manifest_path.read_text())
-            size = sum(int(meta.get("size", 0)) for meta in manifest["files"].values())
-            saved_at = manifest_path.stat().st_mtime
-            complete = True
-        except (OSError, ValueError, TypeError, AttributeError):
-            pass
-        found.append(CheckpointInfo(step, child, complete, size, saved_at))
+            if not child.is_dir():
+                continue
+        except OSError:
+            continue
+        info = _info(child)
+        if info is not None:
+            found.append(info)
     return sorted(found, key=lambda c: c.step)
 
 
-def verify_checkpoint(path: Path) -> str | None:
-    """None if every file of the manifest is there with its size and sha256; else what is wrong."""
-    problems = verify_manifest(Path(path))
-    return "; ".join(problems[:3]) if problems else None
+def damaged_names(directory: Path) -> set[str]:
+    """Checkpoints the ranks found damaged when they verified them."""
+    return {str(r.get("checkpoint", "")) for r in read_jsonl(Path(directory) / DAMAGED_LOG_NAME)}
+
+
+def resume_point(directory: Path) -> tuple[CheckpointInfo | None, list[tuple[CheckpointInfo, str]]]:
+    """The checkpoint the next job will resume from, as far as the login node can tell without
+    reading bytes, and the newer ones it skips with the reason (reported, never deleted)."""
+    skipped: list[tuple[CheckpointInfo, str]] = []
+    damaged = damaged_names(directory)
+    for path in resume_candidates(Path(directory)):
+        info = _info(path)
+        if info is None:
+            continue
+        if path.name in damaged:
+            skipped.append((info, "the ranks found it damaged (checkpoints/damaged.jsonl)"))
+            continue
+        try:
+            problems = verify_manifest(path, check_hashes=False)
+        except OSError as exc:  # removed while we looked (keep-last): not a candidate
+            problems = [f"vanished while checked: {exc.strerror}"]
+        if not problems:
+            return info, skipped
+        skipped.append((info, "; ".join(problems[:3])))
+    return None, skipped
 
 
 def newest_verified(directory: Path) -> tuple[CheckpointInfo | None, list[tuple[CheckpointInfo, str]]]:
-    """The checkpoint a resume will use, and the newer ones that were skipped with the reason."""
+    """Like resume_point, but verifying every byte (sha256), as the ranks do: for tools and test
+    trainers, never for the controller's restart decision."""
     skipped: list[tuple[CheckpointInfo, str]] = []
-    for info in reversed(list_checkpoints(directory)):
-        problem = verify_checkpoint(info.path)
-        if problem is None:
+    for path in resume_candidates(Path(directory)):
+        info = _info(path)
+        if info is None:
+            continue
+        try:
+            problems = verify_manifest(path)
+        except OSError as exc:
+            problems = [f"vanished while checked: {exc.strerror}"]
+        if not problems:
             return info, skipped
-        skipped.append((info, problem))
+        skipped.append((info, "; ".join(problems[:3])))
     return None, skipped
 
 

@@ -1,14 +1,20 @@
-"""Supervision: pure functions from heartbeats + the scheduler's view to findings.
+"""Supervision: pure functions from what the controller saw of the ranks to findings.
 
-Nothing here writes a file or calls the scheduler, so every rule is testable with plain dicts,
-and one pass over 16,384 ranks stays well under a second (the benchmark in bench/ measures it).
+Nothing here writes a file or calls the scheduler, so every rule is testable with plain data, and
+one pass over 16,384 ranks stays well under a second (the benchmark in bench/ measures it).
 
-Rules, for the ranks of the job that is running now (beats of older jobs are ignored):
-- dead rank: its beat is older than `watchdog.dead_after_seconds` (crash, SIGSTOP, lost node);
-- missing rank: the job has run past the init timeout and the rank never beat;
-- hang: the rank beats but has not progressed for longer than the timeout of its phase
+Every duration below is measured on the controller's own monotonic clock, from when it saw a
+rank's beat or progress *change* (liveness.py); no node's clock is ever compared with the login
+node's. Rules, for the ranks of the current incarnation of the job that is running now:
+- dead rank: its beat has not changed for `watchdog.dead_after_seconds` (crash, SIGSTOP, lost node);
+- missing rank: the job has been seen running for longer than the init timeout and the rank never
+  beat;
+- hang: the rank beats but its progress has not changed for longer than the timeout of its phase
   (learned per phase, see timeouts.py), e.g. stuck in a collective waiting for a dead peer.
-How a job ended is classified in `classify_end` from SLURM's state and the exit code.
+One incident is one incident: when at least half of the ranks are dead at once, the job, the
+filesystem or the network is suspected, not N nodes (`Assessment.job_wide`), and the nodes blamed
+by one incident are capped (`culprit_nodes`).
+How a job ended is classified by the contract's `classify_end` (re-exported here).
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.protocol import ExitCode, Phase
+from orchestrator.protocol import Outcome, Phase, classify_end  # noqa: F401 - re-exported
 
+from .liveness import RankView
 from .timeouts import PhaseTimeouts
+
+HEARTBEAT_MAX_BYTES = 1 << 16  # a beat is ~600 bytes; anything bigger is not one
 
 
 class FindingKind(str, enum.Enum):
@@ -38,9 +47,8 @@ class Finding:
     host: str
     phase: str
     step: int
-    age_seconds: float  # beat age (dead) or stalled time (hang)
+    age_seconds: float  # how long without a beat change (dead) or without progress (hang)
     limit_seconds: float
-    since: float  # when the problem started: last beat (dead) or last progress (hang)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -51,7 +59,6 @@ class Finding:
             "step": self.step,
             "age_seconds": round(self.age_seconds, 3),
             "limit_seconds": round(self.limit_seconds, 3),
-            "since": self.since,
         }
 
 
@@ -61,13 +68,13 @@ class Assessment:
 
     job_id: str | None
     ranks_seen: int
+    world_size: int = 0
     findings: list[Finding] = field(default_factory=list)
     min_step: int | None = None
     max_step: int | None = None
-    # The lowest rank's beat: timeouts are learned from its phase changes, pass after pass (one
-    # fixed rank, so that two samples compare the same clock and the same phases).
+    # The lowest rank's beat: its reported durations feed the learned timeouts.
     reference: dict[str, Any] | None = None
-    # Per host: the oldest beat age among its ranks (for the dashboard's grid).
+    # Per host: seconds since its stalest rank's beat changed (for the dashboard's grid).
     host_beat_age: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -78,38 +85,78 @@ class Assessment:
     def hung(self) -> list[Finding]:
         return [f for f in self.findings if f.kind is FindingKind.HANG]
 
+    @property
+    def job_wide(self) -> bool:
+        """At least half of the ranks dead at once: a job, filesystem or network incident."""
+        return bool(self.dead) and 2 * len(self.dead) >= max(1, self.world_size)
+
     def culprits(self) -> list[Finding]:
-        """The ranks to blame. Dead ranks when there are any: the others hang because they wait
-        for them. In a pure hang, the ranks furthest behind are the suspects, but only when some
-        ranks are ahead of them (otherwise nobody can be singled out)."""
+        """The ranks to blame. Dead ranks when there are any (the others hang because they wait
+        for them), unless the stall is job-wide. In a pure hang, the ranks furthest behind are
+        the suspects, but only when some ranks are ahead of them (otherwise nobody can be
+        singled out)."""
         if self.dead:
-            return self.dead
+            return [] if self.job_wide else self.dead
         hung = self.hung
         if not hung or self.min_step is None or self.min_step == self.max_step:
             return []
         return [f for f in hung if f.step == self.min_step]
 
 
+def culprit_nodes(nodes: list[str], cap: int) -> tuple[list[str], str | None]:
+    """The nodes one incident may exclude: all of them when they are at most `cap`, else none,
+    with the reason (so many nodes failing at once points at something they share)."""
+    unique = sorted({n for n in nodes if n})
+    if len(unique) <= cap:
+        return unique, None
+    return [], (
+        f"{len(unique)} nodes look bad in one incident, more than watchdog.max_excluded_per_incident={cap}: "
+        "suspecting the job, the filesystem or the network instead; no node excluded"
+    )
+
+
+def stale_hosts(job_beats: list[dict[str, Any]], margin: float) -> list[str]:
+    """Hosts whose newest beat is more than `margin` seconds older than the median host's newest:
+    the node that went first when SLURM reports only that the job ended NODE_FAIL. This compares
+    node clocks with each other (skewed by at most a minute or so, so margin must be well above
+    that), never with the login node's."""
+    newest: dict[str, float] = {}
+    for beat in job_beats:
+        stamp = beat.get("beat_time")
+        if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
+            host = str(beat.get("host", ""))
+            newest[host] = max(newest.get(host, float("-inf")), float(stamp))
+    if len(newest) < 2:
+        return []
+    ordered = sorted(newest.values())
+    median = ordered[len(ordered) // 2]
+    return sorted(host for host, stamp in newest.items() if median - stamp > margin)
+
+
 def read_heartbeats(directory: Path) -> list[dict[str, Any]]:
-    """Every rank's last beat as a dict. A file caught mid-replace or torn is skipped (it is
-    written atomically, so that only happens for a file that is being deleted)."""
+    """Every rank's last beat as a dict. A file caught mid-replace, torn, too big, not a regular
+    file or not a JSON object is skipped (beats are written atomically, so that only happens for a
+    file being deleted, or for something that is not a beat)."""
     # os.open with dir_fd and one os.read: about twice as fast as open()/scandir for 16k files.
     beats: list[dict[str, Any]] = []
     try:
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except FileNotFoundError:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
         return beats
     loads = json.loads
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
         for name in os.listdir(dir_fd):
             if not name.startswith("rank-") or not name.endswith(".json"):
                 continue
             try:
-                fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+                fd = os.open(name, flags, dir_fd=dir_fd)
             except OSError:
                 continue
             try:
-                beats.append(loads(os.read(fd, 1 << 20)))
+                data = loads(os.read(fd, HEARTBEAT_MAX_BYTES))
+                if isinstance(data, dict):
+                    beats.append(data)
             except (OSError, ValueError):
                 pass
             finally:
@@ -119,45 +166,44 @@ def read_heartbeats(directory: Path) -> list[dict[str, Any]]:
     return beats
 
 
+def _integer(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def assess(
-    beats: list[dict[str, Any]],
+    views: dict[int, RankView],
     *,
     job_id: str | None,
-    job_started: float | None,
+    job_seen_at: float | None,
     world_size: int,
     now: float,
     dead_after: float,
     timeouts: PhaseTimeouts,
 ) -> Assessment:
-    """One supervision pass over the beats of job `job_id` (a plain loop: ~1 us per rank)."""
-    result = Assessment(job_id=job_id, ranks_seen=0)
+    """One supervision pass over the current incarnation's ranks (a plain loop: ~1 us per rank).
+    `now`, `job_seen_at` and every time in `views` are on the controller's monotonic clock."""
+    result = Assessment(job_id=None if job_id is None else str(job_id), ranks_seen=0, world_size=world_size)
     if job_id is None:
         return result
-    job_id = str(job_id)
     limits = {phase: timeouts.timeout(phase) for phase in timeouts.floors}
     step_limit = limits[Phase.STEP.value]
-    seen: set[int] = set()
     host_age = result.host_beat_age
     findings = result.findings
     min_step = max_step = None
     reference: dict[str, Any] | None = None
     reference_rank = 1 << 62
-    for beat in beats:
-        if str(beat.get("job_id")) != job_id:
-            continue
-        rank = beat.get("rank", -1)
-        seen.add(rank)
-        host = beat.get("host", "")
-        beat_age = now - beat.get("beat_time", 0.0)
+    for rank, view in views.items():
+        beat = view.beat
+        host = str(beat.get("host", ""))
+        beat_age = now - view.beat_changed
         if beat_age > host_age.get(host, -1.0):
             host_age[host] = beat_age
-        phase = beat.get("phase", Phase.STEP.value)
-        step = beat.get("step", 0)
+        phase = str(beat.get("phase", Phase.STEP.value))
+        step = _integer(beat.get("step"))
         if min_step is None or step < min_step:
             min_step = step
         if max_step is None or step > max_step:
             max_step = step
-        progress = max(beat.get("progress_time", 0.0), beat.get("phase_started", 0.0))
         if rank < reference_rank:
             reference_rank, reference = rank, beat
         if phase == Phase.EXITING.value:
@@ -165,51 +211,21 @@ def assess(
             # SLURM's end state and exit code, and peers stuck without it show up as a hang.
             continue
         if beat_age > dead_after:
-            findings.append(
-                Finding(FindingKind.DEAD_RANK, rank, host, phase, step, beat_age, dead_after, now - beat_age)
-            )
+            findings.append(Finding(FindingKind.DEAD_RANK, rank, host, phase, step, beat_age, dead_after))
             continue
-        stalled = now - progress
+        stalled = now - view.progress_changed
         limit = limits.get(phase, step_limit)
         if stalled > limit:
-            findings.append(Finding(FindingKind.HANG, rank, host, phase, step, stalled, limit, progress))
-    result.ranks_seen = len(seen)
+            findings.append(Finding(FindingKind.HANG, rank, host, phase, step, stalled, limit))
+    result.ranks_seen = len(views)
     result.min_step, result.max_step, result.reference = min_step, max_step, reference
     init_limit = limits[Phase.INIT.value]
-    if job_started is not None and len(seen) < world_size and now - job_started > init_limit:
+    if job_seen_at is not None and len(views) < world_size and now - job_seen_at > init_limit:
         for rank in range(world_size):
-            if rank not in seen:
+            if rank not in views:
                 findings.append(
-                    Finding(FindingKind.MISSING_RANK, rank, "", Phase.INIT.value, 0, now - job_started, init_limit, job_started)
+                    Finding(
+                        FindingKind.MISSING_RANK, rank, "", Phase.INIT.value, 0, now - job_seen_at, init_limit
+                    )
                 )
     return result
-
-
-class Outcome(str, enum.Enum):
-    FINISHED = "finished"
-    KILLED = "killed"
-    TIME_BUDGET = "time_budget"
-    CONFIG_ERROR = "config_error"
-    FAILED = "failed"
-    CANCELLED = "cancelled"  # cancelled from outside (scancel by a person, preemption)
-
-
-def classify_end(state: str, exit_code: int | None) -> Outcome:
-    """How a job ended: the exit code when known (it says why), else SLURM's end state."""
-    if exit_code is not None:
-        if exit_code == ExitCode.FINISHED:
-            return Outcome.FINISHED if state in ("completed", "unknown") else Outcome.FAILED
-        if exit_code == ExitCode.KILLED:
-            return Outcome.KILLED
-        if exit_code == ExitCode.TIME_BUDGET:
-            return Outcome.TIME_BUDGET
-        if exit_code == ExitCode.CONFIG_ERROR:
-            return Outcome.CONFIG_ERROR
-        return Outcome.FAILED
-    if state == "completed":
-        return Outcome.FINISHED
-    if state == "timeout":
-        return Outcome.TIME_BUDGET  # SLURM's limit: the pre-timeout signal made the trainer save
-    if state == "cancelled":
-        return Outcome.CANCELLED
-    return Outcome.FAILED

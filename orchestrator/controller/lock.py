@@ -1,9 +1,15 @@
-"""One controller per run: an fcntl lock on <run_dir>/controller.lock, held for the controller's
+"""One controller per run: an flock(2) on <run_dir>/controller.lock, held for the controller's
 lifetime. The kernel drops it when the process dies (even by SIGKILL), so a stale lock never
-blocks a restarted controller. The file also says who holds it, for the error message.
+blocks a restarted controller. The file also says who holds it (pid, host), for the error message.
 
-fcntl locks work across nodes on GPFS and on NFSv4; on a filesystem without them, run the
-controller on one login node only.
+Across login nodes this is only as good as the filesystem's lock coherence (docs/security.md,
+"Locks"): GPFS and Lustre mounted with `flock` (not `localflock`) and NFSv4 make flock(2) a
+cluster-wide lock; Lustre with `localflock` or `noflock`, NFSv3 without lockd, and some FUSE
+filesystems do not, and two controllers on two login nodes would then both "hold" it. Where the
+site cannot promise coherent flock, run controllers of a run on one designated login node only;
+the holder's host in the file is there to spot a violation (`runctl status` shows it).
+Only the owner runs a controller (`runctl watch` refuses anyone else), so the lock file lives in
+the owner-only run root and is opened without following links.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ class ControllerLock:
         self._fd: int | None = None
 
     def acquire(self) -> ControllerLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -68,7 +74,7 @@ def lock_holder(run_dir: Path) -> dict | None:
     """Who holds the lock now, or None when no controller is running (checked with a probe lock)."""
     path = Path(run_dir) / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:

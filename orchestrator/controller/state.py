@@ -9,6 +9,7 @@ with `time` and `event`.
 
 from __future__ import annotations
 
+import enum
 import os
 import socket
 import time
@@ -20,8 +21,8 @@ from orchestrator.protocol import RunPaths, append_jsonl, atomic_write_json, rea
 STATE_VERSION = 1
 
 
-class RunStatus:
-    """What the controller thinks the run is doing (a plain string in state.json)."""
+class RunStatus(str, enum.Enum):
+    """What the controller thinks the run is doing (its value is what state.json holds)."""
 
     WAITING = "waiting"  # nothing submitted yet / job pending
     RUNNING = "running"
@@ -32,7 +33,35 @@ class RunStatus:
     CRASH_LOOP = "crash_loop"  # K restarts without a new checkpoint: stopped, a person must look
     CONFIG_ERROR = "config_error"  # the trainer refused the config: restarting cannot help
 
-    STOPPED = frozenset({KILLED, FINISHED, CRASH_LOOP, CONFIG_ERROR})
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def stopped(self) -> bool:
+        return self in STOPPED
+
+
+STOPPED = frozenset({RunStatus.KILLED, RunStatus.FINISHED, RunStatus.CRASH_LOOP, RunStatus.CONFIG_ERROR})
+RunStatus.STOPPED = STOPPED  # type: ignore[attr-defined]  # `status in RunStatus.STOPPED`
+
+_ACTIVE = (RunStatus.WAITING, RunStatus.RUNNING, RunStatus.RESTARTING)
+# The one table of allowed status changes; anything else is a controller bug and raises.
+TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.WAITING: frozenset({*_ACTIVE, RunStatus.KILLING, *STOPPED}),
+    RunStatus.RUNNING: frozenset({*_ACTIVE, RunStatus.KILLING, *STOPPED}),
+    RunStatus.RESTARTING: frozenset({*_ACTIVE, RunStatus.KILLING, *STOPPED}),
+    # A kill ends in KILLED, or goes back to supervision when the request is withdrawn.
+    RunStatus.KILLING: frozenset({RunStatus.KILLED, RunStatus.RUNNING, RunStatus.WAITING}),
+    # Stopped runs move only by `runctl resume`; a finished run never moves again.
+    RunStatus.KILLED: frozenset({RunStatus.WAITING}),
+    RunStatus.CRASH_LOOP: frozenset({RunStatus.WAITING}),
+    RunStatus.CONFIG_ERROR: frozenset({RunStatus.WAITING}),
+    RunStatus.FINISHED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
 
 
 @dataclass
@@ -47,6 +76,8 @@ class JobRecord:
     ended_at: float | None = None
     exit_code: int | None = None
     outcome: str | None = None  # see detection.Outcome, once the job has ended
+    requeues: int = 0  # times SLURM requeued it under the same id
+    slurm_start: float | None = None  # start time as SLURM reports it (changes when it is requeued)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobRecord:
@@ -55,7 +86,7 @@ class JobRecord:
 
 @dataclass
 class ControllerState:
-    status: str = RunStatus.WAITING
+    status: RunStatus = RunStatus.WAITING
     jobs: list[JobRecord] = field(default_factory=list)
     # {"token", "time", "reason", "exclude", "job_name"}: written before sbatch, cleared after.
     pending_submit: dict[str, Any] | None = None
@@ -63,12 +94,26 @@ class ControllerState:
     restarts_without_progress: int = 0
     checkpoint_step_at_last_restart: int | None = None
     observed_durations: dict[str, float] = field(default_factory=dict)
+    timeouts_job: str | None = None  # the job observed_durations were learned from (per-job learning)
     # The restart being followed until its first step: failure/detection/restart times, resume step.
     recovering: dict[str, Any] | None = None
     disk_level: str = "ok"
+    damage_reports_seen: int = 0  # lines of checkpoints/damaged.jsonl already relayed as events
     last_pass: float | None = None
     controller: dict[str, Any] = field(default_factory=dict)
     version: int = STATE_VERSION
+
+    def move_to(self, status: RunStatus | str) -> bool:
+        """Change the run's status along TRANSITIONS; True when it changed."""
+        new = RunStatus(status)
+        if new == self.status:
+            return False
+        if new not in TRANSITIONS[self.status]:
+            raise IllegalTransition(
+                f"run status {self.status.value} -> {new.value} is not allowed (TRANSITIONS in state.py)"
+            )
+        self.status = new
+        return True
 
     def job(self, job_id: str) -> JobRecord | None:
         for record in self.jobs:
@@ -80,12 +125,15 @@ class ControllerState:
         return [j for j in self.jobs if j.outcome is None]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ControllerState:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "jobs"}
         state = cls(**known)
+        state.status = RunStatus(state.status)
         state.jobs = [JobRecord.from_dict(j) for j in data.get("jobs", [])]
         return state
 

@@ -11,6 +11,7 @@ run's name submitted after the intent; it adopts them if there are any and submi
 from __future__ import annotations
 
 import os
+import pwd
 import secrets
 import shutil
 import time
@@ -44,7 +45,9 @@ def default_submitter(paths: RunPaths, cfg: Any, scheduler: Any) -> Submitter:
         paths.jobs.mkdir(parents=True, exist_ok=True)
         script = paths.jobs / f"pending-{secrets.token_hex(4)}.sbatch"
         script.write_text(render_sbatch(cfg, paths.root, exclude=exclude))
-        request = SubmitRequest(script=script, job_name=cfg.name, dependency="singleton", exclude=list(exclude))
+        request = SubmitRequest(
+            script=script, job_name=cfg.name, dependency="singleton", exclude=list(exclude)
+        )
         job_id = scheduler.submit(request)
         job_dir = paths.job_dir(job_id)
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -93,13 +96,34 @@ def submit_once(
     return record
 
 
-def reconcile_intent(state: ControllerState, scheduler: Any) -> list[JobRecord]:
+# slurmctld and the login node are different machines: a job submitted right after the intent may
+# carry a submit time a little before it.
+INTENT_CLOCK_SLACK_SECONDS = 5.0
+
+
+def adoptable(info: JobInfo, intent: dict[str, Any], owner: str, known: set[str]) -> bool:
+    """A job found under the run's name is ours to adopt only if it is not finished, was submitted
+    by the run's owner (other users may use the same job name), and was submitted after the
+    intent. A backend that does not report the user or the submit time is trusted on that point."""
+    if info.job_id in known or info.state.is_terminal or info.state is JobState.UNKNOWN:
+        return False
+    if info.user and info.user != owner:
+        return False
+    if (
+        info.submit_time is not None
+        and info.submit_time < float(intent.get("time", 0)) - INTENT_CLOCK_SLACK_SECONDS
+    ):
+        return False
+    return True
+
+
+def reconcile_intent(state: ControllerState, scheduler: Any, owner: str | None = None) -> list[JobRecord]:
     """After a controller restart: adopt jobs submitted under an interrupted intent.
 
     Returns the adopted records. Clears the intent when it is settled (adopted, or the scheduler
-    can list jobs by name and has none: the sbatch never happened). When the backend cannot list
-    by name the intent stays, and the caller must not submit blindly (it logs and waits for the
-    job to show up in heartbeats or jobs/).
+    can list jobs by name and has none of ours: the sbatch never happened). When the backend
+    cannot list by name the intent stays, and the caller must not submit blindly (it logs and
+    waits for the job to show up in heartbeats or jobs/).
     """
     intent = state.pending_submit
     if not intent:
@@ -107,19 +131,30 @@ def reconcile_intent(state: ControllerState, scheduler: Any) -> list[JobRecord]:
     found = find_jobs_by_name(scheduler, intent["job_name"])
     if found is None:
         return []
+    owner = owner or current_user()
     known = {j.job_id for j in state.jobs}
     adopted = []
     for info in found:
-        if info.job_id in known:
+        if not adoptable(info, intent, owner, known):
             continue
-        if info.state.is_terminal and info.state is not JobState.COMPLETED:
-            continue
-        record = JobRecord(job_id=info.job_id, submitted_at=intent["time"], reason=intent["reason"] + " (adopted)",
-                           exclude=list(intent.get("exclude", [])), state=info.state.value)
+        record = JobRecord(
+            job_id=info.job_id,
+            submitted_at=intent["time"],
+            reason=intent["reason"] + " (adopted)",
+            exclude=list(intent.get("exclude", [])),
+            state=info.state.value,
+        )
         state.jobs.append(record)
         adopted.append(record)
     state.pending_submit = None
     return adopted
+
+
+def current_user() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
 
 
 def discover_chain_jobs(paths: RunPaths) -> list[str]:
@@ -151,7 +186,7 @@ def last_seen_end(paths: RunPaths, job_id: str) -> tuple[str | None, int | None]
     (jobs/last_seen.json, written by orchestrator.runs; no accounting on the local cluster)."""
     from orchestrator.protocol import read_json  # noqa: PLC0415
 
-    seen = (read_json(paths.jobs / "last_seen.json") or {}).get(str(job_id)) or {}
+    seen = (read_json(paths.last_seen) or {}).get(str(job_id)) or {}
     state = seen.get("state")
     if state in ("completed", "failed", "cancelled", "timeout", "node_fail"):
         return state, seen.get("exit_code")

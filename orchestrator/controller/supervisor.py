@@ -1,14 +1,18 @@
-"""The controller of one run: one supervision pass (`tick`) and the loop around it (`run`).
+"""The controller of one run: the loop (`run`), one supervision pass (`tick`), and the one method
+that carries out what the policy decided (`apply`).
 
-Each pass: read the scheduler's view of the run's jobs and every heartbeat, then act:
-- operator requests in control/ (kill, kill --now, resume);
-- a dead or hung rank of the running job: dump stacks, cancel, exclude the culprit node(s),
-  restart from the newest checkpoint that verifies;
-- a job that ended: finished (stop), killed (stop), time budget (continue the chain), config
-  error (stop), anything else (restart);
-- a crash loop (K restarts without a new checkpoint): stop and notify;
-- the disk check before the next checkpoint.
-Everything it does goes to events.jsonl; state.json is saved after every pass.
+Each pass gathers what the controller can see, asks the policy what to do, and applies it:
+1. operator requests in control/, authenticated (requests.py) -> kill_resume.on_requests;
+2. the scheduler's view of the run's jobs (a requeue is noticed here);
+3. the running job's heartbeats, judged by change on this process's monotonic clock
+   (liveness.py, detection.py) -> policy.on_findings -> recovery.plan_restart;
+4. jobs that ended -> policy.on_job_end -> recovery.plan_restart;
+5. a run that is not stopped always has a job; the disk check before the next checkpoint.
+Everything it does goes to events.jsonl; state.json is saved when something changed.
+
+Never ending: a pass that raises (squeue timing out, a full disk, a bug) is recorded, notified once
+per kind of error, and retried with backoff. The run stays supervised; the controller only stops
+when the run does.
 """
 
 from __future__ import annotations
@@ -16,34 +20,65 @@ from __future__ import annotations
 import json
 import logging
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.controller_heartbeat import write_beat
+from orchestrator.errors import PermissionDeniedError
 from orchestrator.notify import notify
-from orchestrator.operators import merge_inbox, prepare_permissions
-from orchestrator.protocol import DUMP_STACKS_REQUEST, KILL_REQUEST, RunPaths, atomic_write_json, read_json
+from orchestrator.operators import check_trust, prepare_permissions
+from orchestrator.protocol import (
+    DAMAGED_LOG_NAME,
+    DUMP_STACKS_REQUEST,
+    FLIGHT_RECORDER_PREFIX,
+    JobState,
+    RunPaths,
+    atomic_write_json,
+    checkpoints_dir,
+    read_jsonl,
+    step_of,
+)
 
 from . import exclude as exclude_list
-from .checkpoints import list_checkpoints, newest_verified
-from .detection import Assessment, Outcome, assess, classify_end, read_heartbeats
+from . import requests as intake
+from .actions import (
+    Action,
+    Cancel,
+    DumpStacks,
+    Exclude,
+    Notify,
+    PublishRequest,
+    Record,
+    ResetProgressCounter,
+    Restart,
+    SetStatus,
+    Stop,
+    Submit,
+    WithdrawRequest,
+)
+from .checkpoints import list_checkpoints, resume_point
+from .detection import Assessment, assess, read_heartbeats, stale_hosts
 from .disk import check_disk, planned_checkpoint_bytes
+from .jobs import JobTracking
+from .kill_resume import on_requests
+from .liveness import Liveness
 from .lock import ControllerLock
+from .policy import exit_code_from_beats, on_findings, on_job_end
+from .recovery import Failure, plan_restart
 from .state import ControllerState, JobRecord, RunStatus, load_state, record_event, save_state
 from .submission import (
     Submitter,
     default_submitter,
-    discover_chain_jobs,
     failed_task_host,
-    last_seen_end,
     reconcile_intent,
-    submit_once,
 )
-from .timeouts import PhaseSample, PhaseTimeouts, learn_from_reported, learn_from_transition
+from .timeouts import PhaseTimeouts, learn_from_beat
 
-RESUME_REQUEST = "resume"
 log = logging.getLogger("runctl.controller")
+MAX_BACKOFF_SECONDS = 300.0
 
 
 @dataclass
@@ -52,14 +87,14 @@ class PassResult:
     status: str
     assessment: Assessment | None = None
     actions: list[str] = field(default_factory=list)
+    error: str | None = None
 
 
 def checkpoint_dir(paths: RunPaths, cfg: Any) -> Path:
-    configured = Path(cfg.checkpoint.dir)
-    return configured if configured.is_absolute() else paths.root / configured
+    return checkpoints_dir(paths.root, cfg.checkpoint.dir)
 
 
-class Controller:
+class Controller(JobTracking):
     def __init__(
         self,
         run_dir: str | Path,
@@ -68,6 +103,7 @@ class Controller:
         *,
         submitter: Submitter | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         stack_wait_seconds: float = 5.0,
     ):
@@ -75,17 +111,27 @@ class Controller:
         self.cfg = cfg
         self.scheduler = scheduler
         self.submitter = submitter or default_submitter(self.paths, cfg, scheduler)
-        self.clock = clock
+        self.clock = clock  # wall clock of the login node: timestamps of events
+        self.monotonic = monotonic  # durations and liveness (a simulation passes a virtual one)
         self.sleep = sleep
         self.stack_wait_seconds = stack_wait_seconds
         self.lock = ControllerLock(self.paths.root)
         self.state = ControllerState()
         self.timeouts = PhaseTimeouts.from_watchdog(cfg.watchdog)
-        self._sample: PhaseSample | None = None
+        self.liveness = Liveness()
+        self._timeouts_job: str | None = None
+        self._job_wide_since: float | None = None
+        self._scheduler_down_since: float | None = None
         self._planned_bytes: int | None | bool = False  # False: not asked yet
         self._started = False
         self._saved_snapshot: dict[str, Any] | None = None
         self._saved_at = 0.0
+        self._failing_passes = 0
+        self._notified_errors: set[str] = set()
+        self._passes = 0  # every pass, failed ones too: controller.json's counter (runctl doctor)
+        self._started_wall = clock()
+        self._training_seen: set[str] = set()  # jobs whose `job_training` event is written
+        self._checkpoints_seen: set[int] | None = None  # None: not listed yet (no events for old ones)
 
     # Lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -94,84 +140,164 @@ class Controller:
         self._started = True
         for warning in prepare_permissions(self.paths, self.cfg.operators):
             self._event("permissions_warning", message=warning)
+        problems = check_trust(self.paths, self.cfg.operators, checkpoint_dir(self.paths, self.cfg))
+        if problems:
+            # Like sshd's StrictModes: a file the controller trusts that someone else can write
+            # could steer it (forged state, a swapped run.yaml); refuse, and say how to fix it.
+            self.lock.release()
+            self._started = False
+            raise PermissionDeniedError(
+                f"refusing to supervise {self.paths.root}: files it trusts are not the owner's alone:\n  - "
+                + "\n  - ".join(problems)
+            )
         self.state = load_state(self.paths)
-        self.timeouts = PhaseTimeouts.from_watchdog(self.cfg.watchdog, self.state.observed_durations)
         adopted = reconcile_intent(self.state, self.scheduler)
         for record in adopted:
-            self._event("job_adopted", job_id=record.job_id, why="submitted by a controller that died before recording it")
-        self._event("controller_started", status=self.state.status, jobs=[j.job_id for j in self.state.live_jobs()])
-        save_state(self.paths, self.state)
+            self._event(
+                "job_adopted",
+                job_id=record.job_id,
+                why="submitted by a controller that died before recording it",
+            )
+        self._event(
+            "controller_started",
+            status=self.state.status.value,
+            jobs=[j.job_id for j in self.state.live_jobs()],
+        )
+        self._save_state()
 
     def stop(self) -> None:
         if self._started:
-            save_state(self.paths, self.state)
+            self._save_state()
             self.lock.release()
             self._started = False
 
-    def run(self, on_pass: Callable[[PassResult], None] | None = None, stay: bool = False,
-            max_seconds: float | None = None) -> str:
-        """Supervise until the run stops (finished, killed, crash loop), or forever with `stay`."""
-        began = self.clock()
+    def run(
+        self,
+        on_pass: Callable[[PassResult], None] | None = None,
+        stay: bool = False,
+        max_seconds: float | None = None,
+    ) -> str:
+        """Supervise until the run stops (finished, killed, crash loop), or forever with `stay`.
+        A pass that raises is recorded and retried with backoff; it never ends the loop."""
+        began = self.monotonic()
         while True:
-            result = self.tick()
+            result = self.safe_tick()
             if on_pass:
                 on_pass(result)
-            if result.status in RunStatus.STOPPED and not stay:
+            if RunStatus(result.status).stopped and not stay and result.error is None:
                 return result.status
-            if max_seconds is not None and self.clock() - began > max_seconds:
+            if max_seconds is not None and self.monotonic() - began > max_seconds:
                 return result.status
-            self.sleep(self.cfg.watchdog.poll_seconds)
+            self.sleep(self._pause())
+
+    def _pause(self) -> float:
+        poll = self.cfg.watchdog.poll_seconds
+        if not self._failing_passes:
+            return poll
+        return min(MAX_BACKOFF_SECONDS, poll * 2 ** min(self._failing_passes - 1, 10))
+
+    def safe_tick(self) -> PassResult:
+        """One pass; an exception becomes an event and a notification (once per kind), never a crash."""
+        try:
+            result = self.tick()
+        except Exception as exc:  # noqa: BLE001 - the run must stay supervised whatever failed
+            self._failing_passes += 1
+            kind = f"{type(exc).__name__}: {str(exc)[:200]}"
+            log.error("supervision pass failed (%d in a row): %s", self._failing_passes, kind)
+            self._event(
+                "pass_failed",
+                error=kind,
+                passes_failed_in_a_row=self._failing_passes,
+                retry_in_seconds=self._pause(),
+                where=traceback.format_exc(limit=3)[-800:],
+            )
+            if type(exc).__name__ not in self._notified_errors:
+                self._notified_errors.add(type(exc).__name__)
+                self._notify(
+                    "failure",
+                    f"controller pass failed: {kind}; retrying every {self._pause():.0f} s "
+                    "(the run is still supervised)",
+                    {"error": kind},
+                )
+            self._beat()
+            return PassResult(time=self.clock(), status=self.state.status.value, error=kind)
+        if self._failing_passes:
+            self._event("pass_recovered", after_failed_passes=self._failing_passes)
+            self._failing_passes = 0
+        return result
+
+    def _beat(self) -> None:
+        """controller.json: the watcher's own heartbeat (orchestrator/controller_heartbeat.py)."""
+        self._passes += 1
+        try:
+            write_beat(
+                self.paths,
+                passes=self._passes,
+                failing_passes=self._failing_passes,
+                status=self.state.status.value,
+                poll_seconds=self.cfg.watchdog.poll_seconds,
+                started_at=self._started_wall,
+                now=self.clock(),
+            )
+        except OSError as exc:  # a full disk is reported by the pass itself; never stop supervising
+            log.warning("cannot write %s: %s", self.paths.controller_heartbeat, exc)
 
     # One pass -------------------------------------------------------------------------------
     def tick(self) -> PassResult:
         now = self.clock()
-        result = PassResult(time=now, status=self.state.status)
-        merge_inbox(self.paths)
+        result = PassResult(time=now, status=self.state.status.value)
         self._adopt_chain_jobs()
         self._refresh_jobs()
-        if self._handle_requests(result):
-            return self._finish_pass(result)
-        if self.state.status in RunStatus.STOPPED:
+        if self._handle_requests(result) or self.state.status.stopped:
             return self._finish_pass(result)
         running = self._running_job()
         beats = read_heartbeats(self.paths.heartbeats)
         if running is not None:
-            assessment = assess(
-                beats,
-                job_id=running.job_id,
-                job_started=running.started_at,
-                world_size=self.cfg.world_size,
-                now=now,
-                dead_after=self.cfg.watchdog.dead_after_seconds,
-                timeouts=self.timeouts,
-            )
+            assessment = self._assess(running, beats)
             result.assessment = assessment
-            self._learn(assessment)
+            self._learn(running, assessment)
             self._follow_recovery(assessment)
+            self._note_training(assessment)
             if assessment.findings:
-                self._on_rank_failure(running, assessment, result)
+                self._on_findings(running, assessment, result)
                 return self._finish_pass(result)
+            self._job_wide_since = None
         for record in list(self.state.jobs):
             if record.outcome is None and record.ended_at is not None:
                 self._on_job_end(record, beats, result)
-                if self.state.status in RunStatus.STOPPED:
+                if self.state.status.stopped:
                     break
-        if self.state.status not in RunStatus.STOPPED:
+        if not self.state.status.stopped:
             self._ensure_a_job(result)
             self._check_disk()
+        self._relay_damage_reports()
         return self._finish_pass(result)
+
+    def _assess(self, running: JobRecord, beats: list[dict[str, Any]]) -> Assessment:
+        mono = self.monotonic()
+        views = self.liveness.observe(beats, running.job_id, mono)
+        return assess(
+            views,
+            job_id=running.job_id,
+            job_seen_at=self.liveness.job_seen_at,
+            world_size=self.cfg.world_size,
+            now=mono,
+            dead_after=self.cfg.watchdog.dead_after_seconds,
+            timeouts=self.timeouts,
+        )
 
     def _finish_pass(self, result: PassResult) -> PassResult:
         self.state.last_pass = result.time
         self.state.observed_durations = dict(self.timeouts.observed_max)
-        live = [j for j in self.state.live_jobs()]
-        if self.state.status not in RunStatus.STOPPED and self.state.status != RunStatus.KILLING:
-            if any(j.state == "running" for j in live):
-                self.state.status = RunStatus.RUNNING
+        live = self.state.live_jobs()
+        if not self.state.status.stopped and self.state.status != RunStatus.KILLING:
+            if any(j.state == JobState.RUNNING.value for j in live):
+                self.state.move_to(RunStatus.RUNNING)
             elif live:
-                self.state.status = RunStatus.WAITING
-        result.status = self.state.status
+                self.state.move_to(RunStatus.WAITING)
+        result.status = self.state.status.value
         self._save_if_changed(result.time)
+        self._beat()
         return result
 
     def _save_if_changed(self, now: float) -> None:
@@ -181,198 +307,104 @@ class Controller:
         snapshot.pop("last_pass", None)
         snapshot.pop("controller", None)
         if snapshot != self._saved_snapshot or now - self._saved_at > 30:
-            save_state(self.paths, self.state)
+            self._save_state()
             self._saved_snapshot, self._saved_at = snapshot, now
 
-    # Jobs ----------------------------------------------------------------------------------
-    def _adopt_chain_jobs(self) -> None:
-        known = {j.job_id for j in self.state.jobs}
-        for job_id in discover_chain_jobs(self.paths):
-            if job_id not in known:
-                self.state.jobs.append(JobRecord(job_id=job_id, submitted_at=self.clock(), reason="runctl submit"))
-                why = "submitted by runctl submit"
-                if self.state.pending_submit:
-                    # A controller died between sbatch and recording the id; the ledger has it.
-                    why = "submitted by a controller that died before recording it"
-                    self.state.pending_submit = None
-                self._event("job_adopted", job_id=job_id, why=why)
+    def _save_state(self) -> None:
+        """A full disk must not end supervision: the state stays in memory and is written again
+        next pass; the failure is an event (if that can be written) and a notification, once."""
+        try:
+            save_state(self.paths, self.state)
+        except OSError as exc:
+            self._saved_snapshot = None
+            self._event("state_not_saved", error=str(exc))
+            if "state_not_saved" not in self._notified_errors:
+                self._notified_errors.add("state_not_saved")
+                self._notify(
+                    "disk",
+                    f"cannot write {self.paths.state}: {exc}. Free space on the run directory's "
+                    "filesystem; the controller keeps supervising from memory",
+                    {"error": str(exc)},
+                )
+        else:
+            self._notified_errors.discard("state_not_saved")
 
-    def _refresh_jobs(self) -> None:
-        live = self.state.live_jobs()
-        if not live:
-            return
-        infos = self.scheduler.jobs([j.job_id for j in live])
-        for record in live:
-            info = infos.get(record.job_id)
-            if info is None:
-                continue
-            record.state = info.state.value
-            if info.nodes:
-                record.nodes = list(info.nodes)
-            if info.start_time and not record.started_at:
-                record.started_at = info.start_time
-            if record.state == "running" and not record.started_at:
-                record.started_at = self.clock()
-            if info.exit_code is not None:
-                record.exit_code = info.exit_code
-            if info.state.value == "unknown":
-                cached_state, cached_code = last_seen_end(self.paths, record.job_id)
-                if cached_state:
-                    record.state, record.exit_code = cached_state, cached_code
-            if info.state.value == "unknown" and self.clock() - record.submitted_at < 60:
-                continue  # just submitted: the scheduler may not list it yet; never call it lost
-            if info.state.is_terminal or info.state.value == "unknown":
-                if record.ended_at is None:
-                    record.ended_at = info.end_time or self.clock()
-
-    def _running_job(self) -> JobRecord | None:
-        for record in self.state.live_jobs():
-            if record.state in ("running", "completing") and record.ended_at is None:
-                return record
-        return None
-
-    def _queued_jobs(self) -> list[JobRecord]:
-        return [j for j in self.state.live_jobs() if j.state in ("pending", "held") and j.ended_at is None]
-
-    def _cancel(self, records: list[JobRecord], outcome: str) -> None:
-        if not records:
-            return
-        self.scheduler.cancel([r.job_id for r in records])
-        for record in records:
-            record.outcome = outcome
-            record.ended_at = record.ended_at or self.clock()
-            record.state = "cancelled"
-        self._event("jobs_cancelled", job_ids=[r.job_id for r in records], why=outcome)
-
-    def _submit(self, reason: str) -> JobRecord:
-        excluded = exclude_list.excluded_nodes(self.paths)
-        record = submit_once(self.paths, self.state, self.submitter, job_name=self.cfg.name,
-                             exclude=excluded, reason=reason, clock=self.clock)
-        self._event("job_submitted", job_id=record.job_id, reason=reason, exclude=excluded)
-        return record
-
-    def _ensure_a_job(self, result: PassResult) -> None:
-        """A run that is not stopped always has a job running or queued."""
-        if self.state.live_jobs():
-            return
-        if self.state.pending_submit:
-            # A predecessor died mid-submit and this backend cannot list jobs by name: wait until
-            # the job shows up (heartbeats, jobs/) rather than risk a duplicate.
-            if self.clock() - self.state.pending_submit.get("time", 0) < 600:
-                return
-            self._event("intent_expired", intent=self.state.pending_submit)
-        reason = "initial" if not self.state.jobs else "continue"
-        self._submit(reason)
-        result.actions.append(f"submitted ({reason})")
-
-    # Operator requests ---------------------------------------------------------------------
+    # Deciding ------------------------------------------------------------------------------
     def _handle_requests(self, result: PassResult) -> bool:
         """Kill and resume requests. True when the pass should end here."""
-        resume_path = self.paths.control_request(RESUME_REQUEST)
-        kill_path = self.paths.control_request(KILL_REQUEST)
-        if resume_path.exists() and not kill_path.exists():
-            request = read_json(resume_path) or {}
-            resume_path.unlink(missing_ok=True)
-            if self.state.status == RunStatus.FINISHED:
-                self._event("resume_ignored", by=request.get("user"), why="the run has finished training")
-            elif self.state.status in RunStatus.STOPPED:
-                self._event("resumed", by=request.get("user"), reason=request.get("reason"), previous=self.state.status)
-                self.state.status = RunStatus.WAITING
-                self.state.restarts_without_progress = 0
-                if not self.state.live_jobs():
-                    record = self._submit("resume")
-                    result.actions.append(f"resumed as job {record.job_id}")
-                return True
-        if not kill_path.exists() or self.state.status == RunStatus.KILLED:
-            if self.state.status == RunStatus.KILLING and not kill_path.exists():
-                self._event("kill_withdrawn")
-                self.state.status = RunStatus.RUNNING
-            return False
-        request = read_json(kill_path) or {}
+        received = intake.read_requests(self.paths, self.cfg.operators, self.clock)
+        for event in received.events:
+            fields = dict(event)
+            fields.pop("time", None)  # the controller's clock stamps its events
+            self._event(str(fields.pop("event", "request")), **fields)
         running = self._running_job()
-        if self.state.status != RunStatus.KILLING:
-            self._event("kill_requested", by=request.get("user"), reason=request.get("reason"), now=bool(request.get("now")))
-            self.state.status = RunStatus.KILLING
-            self._cancel(self._queued_jobs(), "cancelled (kill switch)")
-            if request.get("now") and running is not None:
-                self._cancel([running], "killed (kill --now)")
-                running = None
-            result.actions.append("kill")
-        unsettled = [j for j in self.state.live_jobs() if j.ended_at is not None]
-        if running is None and not unsettled:
-            self._stopped(RunStatus.KILLED, "kill", f"run stopped by the kill switch: {request.get('reason', '')}",
-                          by=request.get("user"))
-            return True
-        return False  # the trainer is saving; its exit is handled as a job end below
-
-    # Failures ------------------------------------------------------------------------------
-    def _on_rank_failure(self, job: JobRecord, assessment: Assessment, result: PassResult) -> None:
-        if self.state.status == RunStatus.KILLING:
-            self._cancel([job], "killed (ranks stopped responding while saving)")
-            self._stopped(RunStatus.KILLED, "kill", "run stopped by the kill switch (ranks hung while saving: cancelled)")
-            return
-        dead, hung = assessment.dead, assessment.hung
-        cause = "hang" if hung and not dead else dead[0].kind.value
-        findings = dead or hung
-        failure_time = min(f.since for f in findings)
-        self._event(
-            "failure",
-            job_id=job.job_id,
-            cause=cause,
-            failure_time=failure_time,
-            detection_time=self.clock(),
-            last_step=assessment.max_step,
-            ranks=[f.as_dict() for f in findings[:16]],
-            ranks_affected=len(findings),
+        verdict = on_requests(
+            self.state,
+            received.requests,
+            running_job_id=running.job_id if running else None,
+            queued_job_ids=[j.job_id for j in self._queued_jobs()],
+            unsettled_job_ids=[j.job_id for j in self.state.live_jobs() if j.ended_at is not None],
         )
-        notify_kind = "hang" if cause == "hang" else "failure"
-        self._notify(notify_kind, f"job {job.job_id}: {cause} of {len(findings)} rank(s), "
-                                  f"e.g. rank {findings[0].rank} on {findings[0].host or '?'}",
-                     {"job_id": job.job_id, "ranks": [f.as_dict() for f in findings[:8]]})
-        self._dump_stacks(job)
-        self._cancel([job], f"failed ({cause})")
-        culprits = sorted({self._node_of(f.rank, f.host, job) for f in assessment.culprits()} - {""})
-        self._restart(job, failure_time, culprits, cause, last_step=assessment.max_step, result=result)
+        self.apply(verdict.actions, result)
+        return verdict.end_pass
+
+    def _on_findings(self, job: JobRecord, assessment: Assessment, result: PassResult) -> None:
+        mono = self.monotonic()
+        if assessment.job_wide:
+            self._job_wide_since = self._job_wide_since if self._job_wide_since is not None else mono
+        else:
+            self._job_wide_since = None
+        verdict = on_findings(
+            self.state,
+            job,
+            assessment,
+            wall_now=self.clock(),
+            job_wide_for=mono - self._job_wide_since if self._job_wide_since is not None else 0.0,
+            dead_after=self.cfg.watchdog.dead_after_seconds,
+            culprit_nodes=[self._node_of(f.rank, f.host, job) for f in assessment.culprits()],
+            queued_job_ids=[j.job_id for j in self._queued_jobs()],
+        )
+        self.apply(verdict.actions, result)
+        if verdict.failure is not None:
+            self._job_wide_since = None
+            self._recover(verdict.failure, result)
 
     def _on_job_end(self, record: JobRecord, beats: list[dict[str, Any]], result: PassResult) -> None:
         exit_code = record.exit_code
         if exit_code is None:
-            exit_code = self._exit_code_from_beats(record.job_id, beats)
-        outcome = classify_end(record.state, exit_code)
+            exit_code = exit_code_from_beats(record.job_id, beats)
+        host, what = failed_task_host(self.paths.jobs / f"slurm-{record.job_id}.out")
+        job_beats = [b for b in beats if str(b.get("job_id")) == record.job_id]
+        first_gone = stale_hosts(job_beats, margin=self.cfg.watchdog.dead_after_seconds)
+        stale_nodes = sorted(
+            {
+                self._node_of(b.get("rank", -1), str(b.get("host", "")), record)
+                for b in job_beats
+                if b.get("host") in first_gone
+            }
+        )
+        outcome, actions, failure = on_job_end(
+            self.state,
+            record,
+            exit_code,
+            srun_host=host,
+            srun_says=what,
+            job_beats=job_beats,
+            stale_nodes=stale_nodes,
+            wall_now=self.clock(),
+            queued_job_ids=[j.job_id for j in self._queued_jobs()],
+        )
         record.outcome = outcome.value
-        self._event("job_ended", job_id=record.job_id, state=record.state, exit_code=exit_code, outcome=outcome.value)
-        if self.state.status == RunStatus.KILLING:
-            self._cancel(self._queued_jobs(), "cancelled (kill switch)")
-            self._stopped(RunStatus.KILLED, "kill", f"run stopped by the kill switch (job {record.job_id}: {outcome.value})")
-        elif outcome is Outcome.FINISHED:
-            self._cancel(self._queued_jobs(), "cancelled (run finished)")
-            self._stopped(RunStatus.FINISHED, "finish", f"training finished (job {record.job_id})")
-        elif outcome is Outcome.KILLED:
-            self._cancel(self._queued_jobs(), "cancelled (kill switch)")
-            self._stopped(RunStatus.KILLED, "kill", f"job {record.job_id} stopped by the kill switch")
-        elif outcome is Outcome.CONFIG_ERROR:
-            self._cancel(self._queued_jobs(), "cancelled (config error)")
-            self._stopped(RunStatus.CONFIG_ERROR, "failure",
-                          f"job {record.job_id}: the trainer refused the config; fix it and `runctl resume`")
-        elif outcome is Outcome.TIME_BUDGET:
-            self._event("continue", job_id=record.job_id, why="time budget reached with a checkpoint saved")
-        else:
-            host, what = failed_task_host(self.paths.jobs / f"slurm-{record.job_id}.out")
-            culprits = [host] if host and what and ("Killed" in what or "signal" in what.lower()) else []
-            if record.state == "node_fail":
-                culprits = list(record.nodes)
-            mine = [b for b in beats if str(b.get("job_id")) == record.job_id]
-            last_step = max((b.get("step", 0) for b in mine), default=None)
-            # The failure happened at most one beat interval after the earliest last beat of the
-            # job's ranks (the crashed rank stopped beating first); SLURM's end time is later.
-            failure_time = min([record.ended_at or self.clock(), *(b.get("beat_time", 0) for b in mine
-                                                                   if b.get("phase") != "exiting")])
-            self._event("failure", job_id=record.job_id, cause="job_failed", exit_code=exit_code,
-                        failure_time=failure_time, detection_time=self.clock(), last_step=last_step,
-                        srun_says=what, host=host)
-            self._notify("failure", f"job {record.job_id} failed ({outcome.value}, exit {exit_code}; {what or 'no srun detail'})",
-                         {"job_id": record.job_id, "exit_code": exit_code, "host": host})
-            self._restart(record, failure_time, culprits, "job_failed", last_step, result)
+        self.apply(actions, result)
+        if failure is not None:
+            self._recover(failure, result)
+
+    def _recover(self, failure: Failure, result: PassResult) -> None:
+        resume, skipped = resume_point(checkpoint_dir(self.paths, self.cfg))
+        actions = plan_restart(
+            self.state, self.cfg.watchdog, failure, resume, skipped, [j.job_id for j in self._queued_jobs()]
+        )
+        self.apply(actions, result)
 
     def _node_of(self, rank: int, host: str, job: JobRecord) -> str:
         """The SLURM node name of a rank. The heartbeat's host is the node name on a real cluster;
@@ -383,69 +415,80 @@ class Controller:
         index = rank // self.cfg.cluster.gpus_per_node
         return job.nodes[index] if 0 <= index < len(job.nodes) else host
 
-    @staticmethod
-    def _exit_code_from_beats(job_id: str, beats: list[dict[str, Any]]) -> int | None:
-        codes = [b.get("extra", {}).get("exit_code") for b in beats if str(b.get("job_id")) == job_id]
-        codes = [c for c in codes if isinstance(c, int)]
-        if not codes:
-            return None
-        failures = [c for c in codes if c not in (0, 17, 18, 19)]
-        return failures[0] if failures else max(codes)
+    # Acting --------------------------------------------------------------------------------
+    def apply(self, actions: list[Action], result: PassResult) -> None:
+        """Carry out the policy's actions, in order: the only place that changes the world."""
+        for action in actions:
+            if isinstance(action, Record):
+                self._event(action.event, **action.fields)
+            elif isinstance(action, Notify):
+                self._notify(action.kind, action.message, action.details)
+            elif isinstance(action, Cancel):
+                self._cancel([j for j in self.state.jobs if j.job_id in action.job_ids], action.why)
+            elif isinstance(action, DumpStacks):
+                self._dump_stacks(action.job_id)
+            elif isinstance(action, Exclude):
+                try:
+                    exclude_list.add_excluded(
+                        self.paths, list(action.nodes), reason=action.reason, by="controller"
+                    )
+                except OSError as exc:  # the restart still goes on; the job script gets no exclude
+                    self._event("exclude_failed", nodes=list(action.nodes), error=str(exc))
+                    continue
+                self._event(
+                    "nodes_excluded",
+                    nodes=list(action.nodes),
+                    job_id=action.job_id,
+                    cause=action.cause,
+                    excluded=exclude_list.excluded_nodes(self.paths),
+                )
+            elif isinstance(action, Restart):
+                self._restart(action, result)
+            elif isinstance(action, Submit):
+                record = self._submit(action.reason)
+                result.actions.append(f"submitted ({action.reason}) as job {record.job_id}")
+            elif isinstance(action, Stop):
+                self.state.move_to(action.status)
+                self.state.recovering = None
+                self._event(
+                    "run_stopped", status=action.status.value, message=action.message, **action.fields
+                )
+                self._notify(
+                    action.notify_kind, action.message, {"status": action.status.value, **action.fields}
+                )
+                result.actions.append(f"stopped ({action.status.value})")
+            elif isinstance(action, SetStatus):
+                self.state.move_to(action.status)
+            elif isinstance(action, ResetProgressCounter):
+                self.state.restarts_without_progress = 0
+            elif isinstance(action, PublishRequest):
+                intake.publish(self.paths, action.request)
+                result.actions.append(action.request.name)
+            elif isinstance(action, WithdrawRequest):
+                intake.withdraw(self.paths, action.name)
+                if action.consumed:
+                    intake.consume(self.paths, action.name)
+            else:  # pragma: no cover - a new action type without a branch here is a bug
+                raise TypeError(f"unknown controller action {action!r}")
 
-    def _dump_stacks(self, job: JobRecord) -> None:
-        """Ask the live ranks for their Python stacks before the job is cancelled."""
-        request = self.paths.control_request(DUMP_STACKS_REQUEST)
-        asked = self.clock()
-        atomic_write_json(request, {"time": asked, "job_id": job.job_id, "by": "controller"}, mode=0o664)
-        deadline = time.monotonic() + self.stack_wait_seconds
-        files: list[str] = []
-        expected = self.cfg.world_size
-        while time.monotonic() < deadline:
-            files = self._fresh_stacks(asked)
-            if len(files) >= expected:
-                break
-            self.sleep(min(0.5, max(0.05, self.stack_wait_seconds / 10)))
-        files = self._fresh_stacks(asked)
-        request.unlink(missing_ok=True)
-        self._event("stacks_dumped", job_id=job.job_id, files=files[:64], ranks_answered=len(files),
-                    ranks_expected=expected, directory=str(self.paths.stacks))
-
-    def _fresh_stacks(self, since: float) -> list[str]:
-        try:
-            return sorted(p.name for p in self.paths.stacks.iterdir() if p.stat().st_mtime >= since - 1)
-        except OSError:
-            return []
-
-    # Restart -------------------------------------------------------------------------------
-    def _restart(self, failed: JobRecord, failure_time: float, culprits: list[str], cause: str,
-                 last_step: int | None, result: PassResult) -> None:
-        ckpt_dir = checkpoint_dir(self.paths, self.cfg)
-        resume_from, skipped = newest_verified(ckpt_dir)
-        for info, problem in skipped:
-            self._event("checkpoint_corrupt", step=info.step, path=str(info.path), problem=problem,
-                        action="skipped (kept on disk for inspection)")
-        resume_step = resume_from.step if resume_from else 0
-        if resume_step != self.state.checkpoint_step_at_last_restart:
-            self.state.restarts_without_progress = 0
-        limit = self.cfg.watchdog.max_restarts_without_progress
-        if self.state.restarts_without_progress >= limit:
-            self._cancel(self._queued_jobs(), "cancelled (crash loop)")
-            self._stopped(
-                RunStatus.CRASH_LOOP, "crash_loop",
-                f"{self.state.restarts_without_progress} restarts without a new checkpoint (still at step {resume_step}): "
-                f"stopped. Look at events.jsonl and jobs/, fix the cause, then `runctl resume`",
-            )
+    def _cancel(self, records: list[JobRecord], outcome: str) -> None:
+        if not records:
             return
-        if culprits:
-            exclude_list.add_excluded(self.paths, culprits, reason=f"{cause} in job {failed.job_id}", by="controller")
-            self._event("nodes_excluded", nodes=culprits, job_id=failed.job_id, cause=cause,
-                        excluded=exclude_list.excluded_nodes(self.paths))
+        self.scheduler.cancel([r.job_id for r in records])
+        for record in records:
+            record.outcome = outcome
+            record.ended_at = record.ended_at or self.clock()
+            record.state = JobState.CANCELLED.value
+        self._event("jobs_cancelled", job_ids=[r.job_id for r in records], why=outcome)
+
+    def _restart(self, action: Restart, result: PassResult) -> None:
         excluded = exclude_list.excluded_nodes(self.paths)
         queued = self._queued_jobs()
+        cause = action.cause
         if queued:
             successor = queued[0]
             self.scheduler.update_exclude([successor.job_id], excluded)
-            if successor.state == "held":
+            if successor.state == JobState.HELD.value:
                 self.scheduler.release([successor.job_id])
             successor.exclude = excluded
             successor.reason = f"restart after {cause}"
@@ -454,92 +497,229 @@ class Controller:
             successor = self._submit(f"restart after {cause}")
             how = f"resubmitted as job {successor.job_id}"
         self.state.restarts += 1
-        self.state.restarts_without_progress += 1
-        self.state.checkpoint_step_at_last_restart = resume_step
-        work_lost_seconds = None
-        if resume_from is not None and resume_from.saved_at is not None:
-            work_lost_seconds = max(0.0, failure_time - resume_from.saved_at)
+        self.state.restarts_without_progress = action.restarts_without_progress
+        self.state.checkpoint_step_at_last_restart = action.resume_step
         now = self.clock()
         restart = {
             "job_id": successor.job_id,
-            "failed_job_id": failed.job_id,
+            "failed_job_id": action.failed_job_id,
             "cause": cause,
-            "failure_time": failure_time,
+            "failure_time": action.failure_time,
             "detection_time": now,
             "restart_time": now,
-            "resume_step": resume_step,
-            "last_step": last_step,
-            "work_lost_steps": (last_step - resume_step) if last_step is not None else None,
-            "work_lost_seconds": work_lost_seconds,
+            "resume_step": action.resume_step,
+            "last_step": action.last_step,
+            "work_lost_steps": (action.last_step - action.resume_step)
+            if action.last_step is not None
+            else None,
+            "work_lost_seconds": action.work_lost_seconds,
             "excluded": excluded,
             "how": how,
-            "restarts_without_progress": self.state.restarts_without_progress,
+            "restarts_without_progress": action.restarts_without_progress,
         }
         self._event("restart", **restart)
         self.state.recovering = restart
-        self.state.status = RunStatus.RESTARTING
+        self.state.move_to(RunStatus.RESTARTING)
         result.actions.append(f"restart: {how}")
-        self._notify("restart", f"restarting from step {resume_step} after {cause} in job {failed.job_id}: {how}", restart)
+        self._notify(
+            "restart",
+            f"restarting from step {action.resume_step} after {cause} in job {action.failed_job_id}: {how}",
+            restart,
+        )
+
+    def _dump_stacks(self, job_id: str) -> None:
+        """Ask the live ranks for their Python stacks before the job is cancelled."""
+        request = self.paths.accepted_request(DUMP_STACKS_REQUEST)  # only the controller may ask
+        asked = self.clock()
+        try:
+            atomic_write_json(request, {"time": asked, "job_id": job_id, "by": "controller"}, mode=0o664)
+        except OSError as exc:  # stacks are evidence, not a reason to delay the restart
+            self._event("stacks_not_dumped", job_id=job_id, error=str(exc))
+            return
+        deadline = self.monotonic() + self.stack_wait_seconds
+        files: list[str] = []
+        expected = self.cfg.world_size
+        while self.monotonic() < deadline:
+            files = self._fresh_stacks(asked)
+            if len(files) >= expected:
+                break
+            self.sleep(min(0.5, max(0.05, self.stack_wait_seconds / 10)))
+        files = self._fresh_stacks(asked)
+        request.unlink(missing_ok=True)
+        # GPU jobs: the NCCL flight recorder's per-rank dumps (written on an NCCL watchdog timeout,
+        # or when the trainer asks torch for one) sit beside the Python stacks.
+        recorder = self._flight_recorder_dumps(job_id)
+        self._event(
+            "stacks_dumped",
+            job_id=job_id,
+            files=files[:64],
+            ranks_answered=len(files),
+            ranks_expected=expected,
+            directory=str(self.paths.stacks),
+            flight_recorder=recorder[:64],
+            flight_recorder_dumps=len(recorder),
+        )
+
+    def _fresh_stacks(self, since: float) -> list[str]:
+        """Python stack dumps written since the request (flight-recorder files are listed apart)."""
+        try:
+            return sorted(
+                p.name
+                for p in self.paths.stacks.iterdir()
+                if not p.name.startswith(FLIGHT_RECORDER_PREFIX) and p.stat().st_mtime >= since - 1
+            )
+        except OSError:
+            return []
+
+    def _flight_recorder_dumps(self, job_id: str) -> list[str]:
+        prefix = self.paths.flight_recorder_prefix(job_id).name
+        try:
+            return sorted(p.name for p in self.paths.stacks.iterdir() if p.name.startswith(prefix))
+        except OSError:
+            return []
 
     def _follow_recovery(self, assessment: Assessment) -> None:
         """Record the first training step after a restart (the end of the outage)."""
         rec = self.state.recovering
         if not rec or assessment.job_id != rec["job_id"] or assessment.max_step is None:
             return
-        if assessment.max_step > rec["resume_step"]:
+        reference = assessment.reference or {}
+        if "resumed_from" not in rec:
+            # The restart only predicted the resume step (a checkpoint damaged inside is found by
+            # the ranks' hashes): rank 0 says where it really resumed from once it trains.
+            if reference.get("phase") != "step":
+                return
+            extra = reference.get("extra") if isinstance(reference.get("extra"), dict) else {}
+            told = extra.get("resumed_from")
+            told_ok = isinstance(told, int) and not isinstance(told, bool)
+            rec["resumed_from"] = told if told_ok else reference.get("step", rec["resume_step"])
+        if assessment.max_step > rec["resumed_from"]:
             now = self.clock()
             self._event(
                 "first_step_after_restart",
                 job_id=rec["job_id"],
                 step=assessment.max_step,
                 resume_step=rec["resume_step"],
+                resumed_from=rec["resumed_from"],
                 seconds_since_failure=now - rec["failure_time"],
                 seconds_since_restart=now - rec["restart_time"],
             )
             self.state.recovering = None
 
-    # Learning, disk, bookkeeping -----------------------------------------------------------
-    def _learn(self, assessment: Assessment) -> None:
-        beat = assessment.reference
-        if not beat:
+    def _note_training(self, assessment: Assessment) -> None:
+        """`job_training` once per job, when rank 0 first beats in the step phase: the goodput
+        accounting takes the checkpoint load time the trainer measured from it."""
+        beat = assessment.reference or {}
+        job_id = str(assessment.job_id)
+        if job_id in self._training_seen or beat.get("phase") != "step":
             return
-        sample = PhaseSample(beat.get("phase", "step"), beat.get("phase_started", 0.0), beat.get("step", 0),
-                             beat.get("progress_time", 0.0))
-        grown = learn_from_transition(self.timeouts, self._sample, sample)
-        grown += learn_from_reported(self.timeouts, (beat.get("extra") or {}).get("durations"))
-        self._sample = sample
+        self._training_seen.add(job_id)
+        extra = beat.get("extra") if isinstance(beat.get("extra"), dict) else {}
+        durations = extra.get("durations") if isinstance(extra.get("durations"), dict) else {}
+        self._event(
+            "job_training",
+            job_id=job_id,
+            step=beat.get("step"),
+            checkpoint_load_seconds=extra.get("checkpoint_load_seconds"),
+            init_seconds=durations.get("init"),
+        )
+
+    # Learning, disk, bookkeeping -----------------------------------------------------------
+    def _learn(self, running: JobRecord, assessment: Assessment) -> None:
+        """Timeouts are learned per job, from per-step and per-phase durations only (timeouts.py);
+        a controller restarted during a job picks up what the last one learned of that job."""
+        if self._timeouts_job != running.job_id:
+            carried = self.state.observed_durations if self.state.timeouts_job == running.job_id else {}
+            self.timeouts = PhaseTimeouts.from_watchdog(self.cfg.watchdog, carried)
+            self._timeouts_job = self.state.timeouts_job = running.job_id
+        grown = learn_from_beat(self.timeouts, assessment.reference)
         if grown:
             log.debug("learned timeouts grew for %s: %s", grown, self.timeouts.as_dict())
+
+    def _relay_damage_reports(self) -> None:
+        """Checkpoints the ranks found damaged when they resumed (by hash): an event and a
+        notification for each new report. The checkpoint is kept for inspection."""
+        reports = read_jsonl(checkpoint_dir(self.paths, self.cfg) / DAMAGED_LOG_NAME)
+        for report in reports[self.state.damage_reports_seen :]:
+            name = str(report.get("checkpoint", ""))
+            problems = report.get("problems") if isinstance(report.get("problems"), list) else []
+            problem = "; ".join(str(p) for p in problems[:3]) or "damaged"
+            self._event(
+                "checkpoint_corrupt",
+                step=step_of(name),
+                path=name,
+                problem=problem,
+                reported_by_job=report.get("job_id"),
+                action="skipped by the ranks (kept on disk for inspection)",
+            )
+            self._notify(
+                "failure",
+                f"checkpoint {name} is damaged ({problem}); the ranks resumed from an older one",
+                {"checkpoint": name},
+            )
+        self.state.damage_reports_seen = max(self.state.damage_reports_seen, len(reports))
 
     def _check_disk(self) -> None:
         if self._planned_bytes is False:
             self._planned_bytes = planned_checkpoint_bytes(self.cfg)
         complete = [c for c in list_checkpoints(checkpoint_dir(self.paths, self.cfg)) if c.complete]
+        self._note_checkpoints(complete)
         last = complete[-1].size_bytes if complete else None
         check = check_disk(checkpoint_dir(self.paths, self.cfg), last, self._planned_bytes or None)
         if check.level != self.state.disk_level and check.level != "unknown":
-            self._event("disk", level=check.level, free_bytes=check.free_bytes, expected_bytes=check.expected_bytes,
-                        message=check.message())
+            self._event(
+                "disk",
+                level=check.level,
+                free_bytes=check.free_bytes,
+                expected_bytes=check.expected_bytes,
+                message=check.message(),
+            )
             if check.level in ("warning", "critical"):
-                self._notify("disk", f"disk {check.level}: {check.message()}", {"free_bytes": check.free_bytes})
+                self._notify(
+                    "disk", f"disk {check.level}: {check.message()}", {"free_bytes": check.free_bytes}
+                )
             self.state.disk_level = check.level
 
-    def _stopped(self, status: str, notify_kind: str, message: str, **fields: Any) -> None:
-        self.state.status = status
-        self.state.recovering = None
-        self._event("run_stopped", status=status, message=message, **fields)
-        self._notify(notify_kind, message, {"status": status, **fields})
+    def _note_checkpoints(self, complete: list[Any]) -> None:
+        """`checkpoint_complete` for each checkpoint that became complete while this controller
+        watched: the save's end outlives keep-last cleanup (goodput's save-stall accounting)."""
+        steps = {c.step for c in complete}
+        if self._checkpoints_seen is not None:
+            for info in complete:
+                if info.step not in self._checkpoints_seen:
+                    self._event(
+                        "checkpoint_complete",
+                        step=info.step,
+                        saved_at=info.saved_at,
+                        size_bytes=info.size_bytes,
+                    )
+            steps |= self._checkpoints_seen
+        self._checkpoints_seen = steps
 
     def _notify(self, kind: str, message: str, details: dict[str, Any]) -> None:
         problems = notify(self.cfg.notifications, self.cfg.name, kind, message, details)
         for problem in problems:
             log.warning("notification failed: %s", problem)
             self._event("notification_failed", kind=kind, problem=problem)
-        if (self.cfg.notifications.webhook or self.cfg.notifications.email) and not problems \
-                and kind in self.cfg.notifications.events:
+        if (
+            (self.cfg.notifications.webhook or self.cfg.notifications.email)
+            and not problems
+            and kind in self.cfg.notifications.events
+        ):
             self._event("notified", kind=kind)
 
-    def _event(self, event: str, **fields: Any) -> dict[str, Any]:
-        record = record_event(self.paths, event, **fields)
+    def _event(self, event: str, **fields: Any) -> dict[str, Any] | None:
+        """Append to events.jsonl; a full disk loses the line (logged), never the controller."""
+        try:
+            fields.setdefault("time", self.clock())
+            record = record_event(self.paths, event, **fields)
+        except OSError as exc:
+            log.error(
+                "cannot write events.jsonl (%s); lost event %s %s",
+                exc,
+                event,
+                json.dumps(fields, default=str)[:300],
+            )
+            return None
         log.info("%s %s", event, json.dumps(fields, default=str)[:300])
         return record

@@ -1,7 +1,10 @@
 """SLURM layer: the Scheduler interface (`base`), real and mocked backends, sbatch rendering.
 
 from orchestrator.slurm import get_scheduler
-scheduler = get_scheduler()        # RUNCTL_SCHEDULER=slurm|mock, else slurm if sbatch is on PATH
+scheduler = get_scheduler()        # real SLURM; the mock only with RUNCTL_SCHEDULER=mock
+
+The mock is never chosen by accident: a login node where `sbatch` is missing (SLURM's module not
+loaded) is an error, not a silent dry run.
 """
 
 from __future__ import annotations
@@ -12,16 +15,22 @@ import shutil
 from orchestrator.errors import UsageError
 
 BACKENDS = ("slurm", "mock")
+SCHEDULER_ENV = "RUNCTL_SCHEDULER"
 
 
-def scheduler_name(name: str | None = None) -> str:
-    """The backend to use: `name`, else env RUNCTL_SCHEDULER, else slurm when `sbatch` is on PATH,
-    else mock."""
-    chosen = (name or os.environ.get("RUNCTL_SCHEDULER") or "").strip().lower()
-    if not chosen or chosen == "auto":
-        return "slurm" if shutil.which("sbatch") else "mock"
+def scheduler_name(name: str | None = None, require_sbatch: bool = True) -> str:
+    """The backend to use: `name` (e.g. the CLI's --mock), else env RUNCTL_SCHEDULER, else slurm.
+    Choosing slurm checks that `sbatch` is on PATH (UsageError saying what to load if not), unless
+    `require_sbatch` is False (a dry run, which calls no SLURM tool)."""
+    chosen = (name or os.environ.get(SCHEDULER_ENV) or "slurm").strip().lower()
     if chosen not in BACKENDS:
-        raise UsageError(f"RUNCTL_SCHEDULER={chosen!r}: choose one of {', '.join(BACKENDS)} or auto")
+        raise UsageError(f"{SCHEDULER_ENV}={chosen!r}: choose one of {', '.join(BACKENDS)}")
+    if chosen == "slurm" and require_sbatch and not shutil.which("sbatch"):
+        raise UsageError(
+            "`sbatch` is not on PATH, so no job can be submitted: load SLURM (`module load slurm`, or "
+            "put SLURM's bin directory on PATH; for the local cluster `eval $(runctl cluster env)`), "
+            f"or set {SCHEDULER_ENV}=mock for a dry run against the mocked SLURM (nothing runs)"
+        )
     return chosen
 
 

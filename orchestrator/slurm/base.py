@@ -2,51 +2,28 @@
 
 Two backends implement it: real SLURM (`sbatch`/`squeue`/`scontrol`/`scancel`/`sacct` on PATH or
 with SLURM_CONF) and the mocked SLURM (a state file, no daemons). SLURM's states map to ours in one
-table (`JobState.from_slurm`).
+table (`job_state_from_slurm`) onto the contract's `orchestrator.protocol.JobState`.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-
-class JobState(str, enum.Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETING = "completing"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    TIMEOUT = "timeout"
-    NODE_FAIL = "node_fail"
-    HELD = "held"
-    UNKNOWN = "unknown"  # not in squeue any more and no accounting to ask
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in TERMINAL_STATES
-
-    @classmethod
-    def from_slurm(cls, slurm_state: str) -> JobState:
-        key = slurm_state.strip().upper().split()[0].rstrip("+") if slurm_state.strip() else ""
-        try:
-            return SLURM_STATE_TABLE[key]
-        except KeyError:
-            raise ValueError(
-                f"unknown SLURM job state {slurm_state!r}: add it to SLURM_STATE_TABLE in orchestrator/slurm/base.py"
-            ) from None
+from orchestrator.protocol import TERMINAL_JOB_STATES, JobState  # noqa: F401 - re-exported
 
 
-TERMINAL_STATES = {
-    JobState.COMPLETED,
-    JobState.FAILED,
-    JobState.CANCELLED,
-    JobState.TIMEOUT,
-    JobState.NODE_FAIL,
-}
+def job_state_from_slurm(slurm_state: str) -> JobState:
+    """SLURM's state (long or short name, with any `+` or trailing words) as ours."""
+    key = slurm_state.strip().upper().split()[0].rstrip("+") if slurm_state.strip() else ""
+    try:
+        return SLURM_STATE_TABLE[key]
+    except KeyError:
+        raise ValueError(
+            f"unknown SLURM job state {slurm_state!r}: add it to SLURM_STATE_TABLE in orchestrator/slurm/base.py"
+        ) from None
+
 
 # The one table from SLURM's job states (long and short names) to ours.
 SLURM_STATE_TABLE: dict[str, JobState] = {
@@ -89,6 +66,8 @@ class JobInfo:
     start_time: float | None = None
     end_time: float | None = None
     held: bool = False
+    user: str = ""  # who submitted it: a controller adopts only its owner's jobs
+    submit_time: float | None = None
 
 
 @dataclass

@@ -20,7 +20,8 @@ from typing import Any
 from orchestrator.errors import SchedulerError
 
 from .hostlist import expand_hostlist
-from .mock import NOT_SLURM, MockSlurm, parse_sbatch_args, write_shims
+from .mock_core import NOT_SLURM, MockSlurm, parse_sbatch_args, write_shims
+from .mock_exec import ExecutingMockSlurm, run_job, srun_main
 
 STATE_REASON_NONE = "None"
 
@@ -228,20 +229,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{NOT_SLURM}. export PATH={os.path.abspath(args.dir)}:$PATH", file=sys.stderr)
         return 0
     if command == "srun":
-        from .mock_exec import srun_main
-
         return srun_main(rest)
     if command == "run-job":
-        from .mock_exec import run_job
-
-        return run_job(MockSlurm(), rest[0])
+        return run_job(ExecutingMockSlurm(), rest[0])
     if command not in COMMANDS:
         print(
             f"mock-slurm: unknown command {command!r}; have {sorted(COMMANDS)} + srun, shim-dir",
             file=sys.stderr,
         )
         return 2
-    slurm = MockSlurm()
+    slurm = ExecutingMockSlurm()
     slurm.record_command([command, *rest])
     try:
         return COMMANDS[command](slurm, rest)

@@ -23,7 +23,33 @@ from pathlib import Path
 from typing import Any
 
 from .hostlist import expand_hostlist
-from .mock import KILL_WAIT_SECONDS, NOT_SLURM, REPO_ROOT, TERMINAL, MockSlurm, parse_time_limit
+from .mock_core import (
+    KILL_WAIT_SECONDS,
+    NOT_SLURM,
+    REPO_ROOT,
+    TERMINAL,
+    MockSlurm,
+    parse_time_limit,
+    write_shims,
+)
+
+
+class ExecutingMockSlurm(MockSlurm):
+    """MockSlurm whose submit and cancel also start and signal the job's processes when its state
+    directory is in execute mode; in scenario mode it behaves exactly as MockSlurm."""
+
+    def submit(self, options: dict[str, str], script_path: str, cwd: str | None = None) -> str:
+        job_id = super().submit(options, script_path, cwd)
+        if self.execute:
+            spawn_runner(self, job_id)
+        return job_id
+
+    def cancel(self, job_ids: list[str], signal: str | None = None) -> list[tuple[dict[str, Any], str]]:
+        to_signal = super().cancel(job_ids, signal)
+        if self.execute:
+            for job, sig in to_signal:
+                deliver_signal(self, job, sig)
+        return to_signal
 
 
 def _env_for_tools(slurm: MockSlurm) -> dict[str, str]:
@@ -31,8 +57,6 @@ def _env_for_tools(slurm: MockSlurm) -> dict[str, str]:
     env["RUNCTL_MOCK_SLURM_DIR"] = str(slurm.dir)
     env["PYTHONPATH"] = str(REPO_ROOT) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if not (slurm.shim_dir / "srun").exists():
-        from .mock import write_shims
-
         write_shims(slurm.shim_dir, slurm.dir)
     env["PATH"] = f"{slurm.shim_dir}:{env.get('PATH', '')}"
     return env

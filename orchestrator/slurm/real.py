@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from orchestrator.errors import SchedulerError
 
-from .base import JobInfo, JobState, SubmitRequest, sbatch_argv
+from .base import JobInfo, JobState, SubmitRequest, job_state_from_slurm, sbatch_argv
 from .hostlist import expand_hostlist
 
 # scontrol hold reasons that mean "held", whatever the job state says.
@@ -59,8 +59,9 @@ class SlurmScheduler:
             )
         except FileNotFoundError:
             raise SchedulerError(
-                f"`{args[0]}` is not on PATH: install slurm-client, `runctl cluster up` and "
-                f"`eval $(runctl cluster env)`, or set RUNCTL_SCHEDULER=mock"
+                f"`{args[0]}` is not on PATH: load SLURM (`module load slurm`, or put its bin directory "
+                f"on PATH; the local cluster: `runctl cluster up` and `eval $(runctl cluster env)`), or set "
+                f"RUNCTL_SCHEDULER=mock for a dry run against the mocked SLURM"
             ) from None
         except subprocess.TimeoutExpired:
             raise SchedulerError(
@@ -128,7 +129,7 @@ class SlurmScheduler:
     @staticmethod
     def _job_from_json(record: dict) -> JobInfo:
         job_id = str(record["job_id"])
-        state = JobState.from_slurm(str(record["job_state"]))
+        state = job_state_from_slurm(str(record["job_state"]))
         reason = str(record.get("state_reason") or "")
         held = reason in HELD_REASONS
         if held and state == JobState.PENDING:
@@ -148,7 +149,7 @@ class SlurmScheduler:
         return JobInfo(
             job_id=job_id, name=str(record.get("name", "")), state=state, nodes=nodes, exit_code=exit_code,
             signal=signal, reason="" if reason == "None" else reason, start_time=start,
-            end_time=end, held=held,
+            end_time=end, held=held, user=str(record.get("user_name") or ""), submit_time=stamp("submit_time"),
         )  # fmt: skip
 
     def _sacct(self, job_ids: list[str]) -> dict[str, JobInfo]:
@@ -181,7 +182,7 @@ class SlurmScheduler:
                 raise SchedulerError(f"cannot parse sacct line {line!r}:\n{_show(args, proc)}")
             job_id, name, state, exit_pair, nodelist = fields
             code, sig = exit_pair.split(":", 1)
-            info_state = JobState.from_slurm(state)
+            info_state = job_state_from_slurm(state)
             out[job_id] = JobInfo(
                 job_id=job_id, name=name, state=info_state,
                 nodes=expand_hostlist(nodelist) if nodelist and nodelist != "None assigned" else [],

@@ -6,7 +6,10 @@
 Values are guarded twice: the config schema refuses unsafe characters, and the template passes
 every value through a filter: `sbatch_value` (validated, for #SBATCH lines, which sbatch parses
 without a shell) or `shquote` (shlex.quote, for shell lines). A value that fails raises ConfigError
-naming the value, so a hostile config never yields a script.
+naming the value, so a hostile config never yields a script. Patterns are applied with
+`fullmatch`: `re.match(...$)` accepts a trailing newline, and a newline before the #SBATCH lines
+makes sbatch ignore every one of them. The template's comment lines use the same filters (a
+comment ends at a newline too).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from orchestrator.config.schema import ENV_NAME, SAFE_WORD, SLURM_NODE_NAME
 
 TEMPLATE_NAME = "train.sbatch.j2"
 # Characters sbatch takes literally on an #SBATCH line: no space, quote, `$`, `;`, backslash.
-SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.+\-/:=@,%\[\]]+$")
+SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.+\-/:=@,%\[\]]+")
 SRUN_WAIT_SECONDS = 60
 
 
@@ -47,7 +50,7 @@ def _fail(what: str, value: object, allowed: str) -> ConfigError:
 
 def sbatch_value(value: object) -> str:
     text = str(value)
-    if not SBATCH_VALUE.match(text):
+    if not SBATCH_VALUE.fullmatch(text):
         raise _fail("#SBATCH value", text, f"allowed: {SBATCH_VALUE.pattern}")
     return text
 
@@ -61,7 +64,7 @@ def shquote(value: object) -> str:
 
 def env_name(value: object) -> str:
     text = str(value)
-    if not re.match(ENV_NAME, text):
+    if not re.fullmatch(ENV_NAME, text):
         raise _fail("environment variable name", text, f"allowed: {ENV_NAME}")
     return text
 
@@ -97,15 +100,15 @@ def render_sbatch(
     problems = []
     if not os.path.isabs(run_dir):
         problems.append(f"run directory {run_dir!r} must be an absolute path (the job runs on other nodes)")
-    if not SBATCH_VALUE.match(run_dir):
+    if not SBATCH_VALUE.fullmatch(run_dir):
         problems.append(
             f"run directory {run_dir!r} contains characters not allowed in a job script (allowed: {SBATCH_VALUE.pattern})"
         )
     name = job_name or cfg.name
-    if not re.match(SAFE_WORD, name):
+    if not re.fullmatch(SAFE_WORD, name):
         problems.append(f"job name {name!r} contains characters that are not allowed (allowed: {SAFE_WORD})")
     for node in exclude:
-        if not re.match(SLURM_NODE_NAME, node):
+        if not re.fullmatch(SLURM_NODE_NAME, node):
             problems.append(f"excluded node {node!r} is not a SLURM node name (allowed: {SLURM_NODE_NAME})")
     if problems:
         raise ConfigError("sbatch", problems)
@@ -127,6 +130,7 @@ def render_sbatch(
             account=c.account,
             qos=c.qos,
             exclusive=c.exclusive,
+            accelerator=c.accelerator,
             hint=c.hint,
             extra_sbatch=sorted(c.extra_sbatch.items()),
             pre_timeout_signal=c.pre_timeout_signal,

@@ -9,7 +9,7 @@
 - every FAKE_CKPT_EVERY steps rank 0 saves checkpoints/step_N/ (data + MANIFEST.json written last,
   `latest` renamed atomically), in phase "checkpoint" for FAKE_CKPT_SECONDS;
 - resume: the newest checkpoint whose manifest verifies;
-- control/kill is checked every step: save, exit 17;
+- accepted/kill (published by the controller once it authenticated control/kill) is checked every step: save, exit 17;
 - ranks advance in lockstep (wait_for_peers), as a collective would make them;
 - faults (for tests): FAKE_CRASH_AT=step:rank (exit 1), FAKE_HANG_AT=step:rank (keep beating,
   stop progressing; the others then wait for it), FAKE_STOP_AT=step:rank (SIGSTOP itself: no
@@ -81,8 +81,9 @@ class Rank:
         while True:
             with self.lock:
                 self.hb.beat_time = time.time()
+                self.hb.seq += 1
                 atomic_write_text(self.paths.heartbeat(self.rank), self.hb.to_json())
-            request = self.paths.control_request("dump-stacks")
+            request = self.paths.accepted_request("dump-stacks")
             if request.exists():
                 out = self.paths.stacks / f"rank-{self.rank:05d}.txt"
                 out.parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +105,10 @@ class Rank:
             if step is not None:
                 self.hb.step = step
             if progressed:
+                if phase == "step" and self.hb.phase_started < self.hb.progress_time:
+                    self.hb.extra["step_seconds"] = now - self.hb.progress_time  # like trainer.heartbeat
                 self.hb.progress_time = now
+            self.hb.seq += 1
             atomic_write_text(self.paths.heartbeat(self.rank), self.hb.to_json())
 
     # checkpoints ------------------------------------------------------------------------------
@@ -122,7 +126,12 @@ class Rank:
             atomic_write_text(self.paths.latest, directory.name)
 
     def resume_step(self) -> int:
-        info, _skipped = newest_verified(self.paths.checkpoints)
+        """Like the trainer: the first candidate that verifies by hash; damaged ones reported."""
+        info, skipped = newest_verified(self.paths.checkpoints)
+        if self.rank == 0:
+            for bad, problem in skipped:
+                append_jsonl(self.paths.damaged, {"checkpoint": bad.path.name, "problems": [problem],
+                                                  "time": time.time(), "job_id": self.job_id})
         return info.step if info else 0
 
     def wait_for_peers(self, step: int) -> None:
@@ -146,10 +155,11 @@ class Rank:
     def main(self) -> int:
         threading.Thread(target=self.beat_forever, daemon=True).start()
         step = self.resume_step()
+        self.hb.extra["resumed_from"] = step  # like trainer.loop: the step this job resumed from
         self.set_phase("step", step, progressed=True)
         crash, hang, stop = fault("FAKE_CRASH_AT"), fault("FAKE_HANG_AT"), fault("FAKE_STOP_AT")
         while step < self.total:
-            if self.paths.control_request("kill").exists():
+            if self.paths.accepted_request("kill").exists():
                 self.save(step)
                 self.set_phase("exiting", step)
                 return ExitCode.KILLED

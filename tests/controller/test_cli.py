@@ -82,7 +82,7 @@ def test_nodes_kill_resume_and_audit_through_the_cli(mock_run):
     state = json.loads(paths.state.read_text())
     assert state["status"] == "killed"
     resumed = runctl("resume", str(run_dir), "--reason", "shard fixed", env=env).stdout
-    assert "resumed as job 1001" in resumed
+    assert "(resume) as job 1001" in resumed
     state = json.loads(paths.state.read_text())
     assert state["status"] == "waiting" and state["jobs"][-1]["reason"] == "resume"
     audit = [json.loads(line) for line in runctl("events", str(run_dir), "--audit", "--json", env=env).stdout.splitlines()]

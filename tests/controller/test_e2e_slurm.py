@@ -5,7 +5,9 @@ nodes for the exclude list. Every run is 12 steps with checkpoints every 4 (TRAI
 - a rank SIGKILLed after the step-8 checkpoint: srun ends the job, the controller restarts it
   without that node, and the losses equal an uninterrupted run's;
 - a rank SIGSTOPped: its beat stops, the others hang in the collective; the controller asks for
-  stacks, cancels, excludes the node, restarts; same losses;
+  stacks, cancels, excludes the node, restarts; same losses; and SLURM itself (`scontrol show
+  job`, `squeue --json`) shows the restarted job on other nodes, with the bad node in its
+  ExcNodeList and `#SBATCH --exclude` in its script;
 - `runctl kill` by an operator who is another Unix user: the trainer saves and exits 17, no
   restart; `runctl resume` continues from the kill checkpoint; same losses.
 Timings printed (failure -> detection -> first step after restart) are the real-cluster
@@ -33,7 +35,7 @@ from orchestrator.config.load import resolve_paths
 from orchestrator.controller import Controller, read_events
 from orchestrator.controller.exclude import excluded_nodes
 from orchestrator.controller.state import RunStatus
-from orchestrator.protocol import RunPaths, read_jsonl
+from orchestrator.protocol import JobState, RunPaths, read_jsonl
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = 12
@@ -99,7 +101,7 @@ def drive(ctl: Controller, seconds: float, act=None, until=None) -> str:
 
 
 def beats_of_running_job(ctl: Controller) -> list[dict]:
-    running = [j.job_id for j in ctl.state.jobs if j.state == "running" and j.outcome is None]
+    running = [j.job_id for j in ctl.state.jobs if j.state == JobState.RUNNING and j.outcome is None]
     out = []
     for path in ctl.paths.heartbeats.glob("rank-*.json"):
         try:
@@ -219,7 +221,31 @@ def test_sigstopped_rank_detected_stacks_dumped_node_excluded(e2e_run, reference
     assert "Thread" in (ctl.paths.stacks / "rank-00000.txt").read_text() or "thread" in (ctl.paths.stacks / "rank-00000.txt").read_text()
     failed_job = ctl.state.job(failure["job_id"])
     assert excluded_nodes(ctl.paths) == [failed_job.nodes[0]], "rank 1 ran on the job's first node (2 ranks per node)"
+    assert_exclusion_seen_by_slurm(ctl, failure["job_id"], failed_job.nodes[0])
     assert_same_losses(ctl.paths, reference_losses)
+
+
+def assert_exclusion_seen_by_slurm(ctl: Controller, failed_job_id: str, bad_node: str) -> None:
+    """Ask SLURM itself, not the controller's records, where the jobs ran (`scontrol show job`
+    and `squeue --json`; finished jobs stay visible for MinJobAge=600 s, and the local cluster has
+    no accounting database for sacct), and check that the restarted job excluded the bad node:
+    in slurmctld's ExcNodeList and in its batch script."""
+    from orchestrator.slurm.hostlist import expand_hostlist
+
+    restart = next(e for e in read_events(ctl.paths) if e["event"] == "restart")
+    new_job = str(restart["job_id"])
+    failed = ctl.scheduler.show_job(failed_job_id)
+    assert bad_node in expand_hostlist(failed["NodeList"]), failed
+    record = ctl.scheduler.show_job(new_job)
+    ran_on = expand_hostlist(record["NodeList"])
+    squeue_nodes = ctl.scheduler.jobs([new_job])[new_job].nodes
+    print(f"SLURM: job {failed_job_id} ran on {failed['NodeList']}; restarted job {new_job} ran on "
+          f"{record['NodeList']} (squeue: {','.join(squeue_nodes)}), ExcNodeList={record.get('ExcNodeList')}")
+    assert len(ran_on) == ctl.cfg.cluster.nodes and bad_node not in ran_on, record
+    assert squeue_nodes == ran_on
+    assert expand_hostlist(record.get("ExcNodeList") or "") == [bad_node], record
+    script = (ctl.paths.job_dir(new_job) / "job.sbatch").read_text().splitlines()
+    assert f"#SBATCH --exclude={bad_node}" in script
 
 
 def test_kill_by_another_operator_then_resume(e2e_run, reference_losses):

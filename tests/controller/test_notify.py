@@ -47,3 +47,18 @@ def test_unreachable_servers_are_reported_not_raised():
     problems = notify(cfg.notifications, "demo", "failure", "boom")
     print(problems)
     assert len(problems) == 2 and "webhook" in problems[0] and "email" in problems[1]
+
+
+def test_a_newline_in_a_message_still_sends_the_email():
+    """A kill reason or srun's output with a newline once made EmailMessage raise on the header."""
+    smtp = SMTPServer()
+    try:
+        cfg = make_config(notifications={"email": {
+            "smtp_host": "127.0.0.1", "smtp_port": smtp.port, "sender": "runctl@cluster", "to": ["oncall@team"]}})
+        problems = notify(cfg.notifications, "demo", "kill", "stopped: loss spike\nBcc: everyone@corp", {})
+        assert problems == [] and len(smtp.messages) == 1
+        headers = smtp.messages[0]["data"].split("\r\n\r\n", 1)[0].split("\n\n", 1)[0]
+        assert "Subject: [demo] kill: stopped: loss spike Bcc: everyone@corp" in headers
+        assert "\nBcc:" not in headers
+    finally:
+        smtp.close()

@@ -198,9 +198,12 @@ def test_corrupt_newest_checkpoint_previous_used_and_reported(run_env):
     supervise(ctl, until=corrupt_when_two_checkpoints)
     (paths.checkpoint(10) / "state.json").write_bytes(b'{"step": 99}')  # same size, other bytes
     assert supervise(ctl) == RunStatus.FINISHED
+    # The login node never hashes: it predicts step 10 (sizes match); the ranks find the damage
+    # by hash, resume from 5 and report it, and the controller relays their report.
+    assert events_named(paths, "restart")[0]["resume_step"] == 10
     corrupt = events_named(paths, "checkpoint_corrupt")
     assert corrupt and corrupt[0]["step"] == 10 and "sha256" in corrupt[0]["problem"]
-    assert events_named(paths, "restart")[0]["resume_step"] == 5
+    assert events_named(paths, "first_step_after_restart")[0]["resumed_from"] == 5
     assert paths.checkpoint(10).exists(), "a damaged checkpoint is never deleted"
     assert final_losses(paths) == {s: loss_at(s) for s in range(1, 21)}
 

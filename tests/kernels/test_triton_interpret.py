@@ -52,7 +52,7 @@ def ops():
     return loaded
 
 
-def test_rerun_in_fresh_process():
+def test_rerun_in_fresh_process(tmp_path):
     """If triton was imported compiled before this module (another directory's tests imported
     transformers/deepspeed first), run this file again in a process that starts interpreted."""
     if _load_ops()[0] is not None:
@@ -61,10 +61,29 @@ def test_rerun_in_fresh_process():
         pytest.skip("GPU machine: the compiled kernels are tested by test_gpu.py; run this file alone "
                     "with TRITON_INTERPRET=1 to test the interpreter too")
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=600)
+    junit = tmp_path / "child.xml"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                           f"--junitxml={junit}", __file__], env=env, capture_output=True, text=True, timeout=600)
     print(proc.stdout[-4000:], proc.stderr[-2000:])
     assert proc.returncode == 0, f"interpreter tests failed in a fresh process:\n{proc.stdout[-4000:]}"
+    # A child in which everything skipped (the interpreter unavailable there too) proves nothing:
+    # every kernel test must have RUN; only this test itself skips there ("not needed").
+    ran, skipped = child_outcomes(junit)
+    print(f"fresh process: {len(ran)} tests ran, skipped: {skipped}")
+    assert len(ran) >= MIN_CHILD_TESTS and skipped == ["test_rerun_in_fresh_process"], (len(ran), skipped[:5])
+
+
+MIN_CHILD_TESTS = 30  # this file has 39 kernel tests besides this one (when written); all must run
+
+
+def child_outcomes(junit_xml) -> tuple[list[str], list[str]]:
+    """(names of the tests that ran, names of the tests that skipped) of a child pytest's JUnit XML."""
+    import xml.etree.ElementTree as ET
+
+    ran, skipped = [], []
+    for case in ET.parse(junit_xml).getroot().iter("testcase"):
+        (skipped if case.find("skipped") is not None else ran).append(case.get("name"))
+    return ran, skipped
 
 
 def _check(name, dtype, reference, kernel, inputs, grad_names, grad_rtol=None):

@@ -1,4 +1,4 @@
-"""Fixtures of the 3D-parallel tests (test_3d_*.py)."""
+"""Fixtures of the 3D-parallel tests: the harness's single-process run, the reference of test_3d_slurm.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """A 4-node job on the real local SLURM cluster (one rank per emulated node, tp=2 x pp=2, gloo)
 trains the tiny BLOOM, and its losses and gradient norms match the single-process run (fp32, 1e-5).
+What this adds to tests/parallel/test_3d_trainer.py (the trainer at every layout, started with
+srun's variables by hand): the ranks are started by a real srun from the rendered sbatch script.
 
 The job is the rendered sbatch of configs/demo-cpu-4node.yaml (4 nodes x 1 rank, MASTER_ADDR/PORT
 exported by the script), submitted with `orchestrator.runs.submit_run`; srun starts the 3D harness,
@@ -17,7 +19,8 @@ import pytest
 
 from tests.parallel.three_d_runs import compare
 
-# slow too: ~150 s on 2 cores (cluster up + a 4-rank DeepSpeed job); drop `slow` to put it in make test.
+# ~150 s on 2 cores (cluster up + a 4-rank DeepSpeed job). `slow` is a label only: `make test` runs
+# every test, this one included (deselect with -m 'not slow' for a quick local pass).
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 pytest.importorskip("deepspeed")
 

@@ -1,12 +1,16 @@
-"""One rank of a 3D-parallel (dp, tp, pp) training run of a tiny BLOOM, for the 3D tests and the bench.
+"""One rank of a 3D-parallel (dp, tp, pp) training run of a tiny BLOOM on synthetic batches, for the
+bench (bench/parallel_layouts.py: it times every pipeline-schedule instruction, which `python -m
+trainer` cannot) and the 4-node SLURM job test. The equivalence of the layouts is shown on the
+trainer itself (tests/parallel/test_3d_trainer.py); this harness builds its engine with the
+trainer's own functions (trainer.engine.initialize), clipping included, and overrides nothing.
 
 Run by `spawn_ranks` (one process per rank, SLURM-like env) or by srun on the local SLURM cluster:
 
     python -m tests.parallel.three_d_harness SPEC_JSON      (or the path of a .json file with it)
 
 SPEC (JSON): {"tp", "pp", "dp", "dtype": "fp32"|"bf16", "steps", "out": path of the result JSON,
-    "save_dir"?, "save_at"?: step after which to save, "load_dir"?, "load_tag"?,
-    "load_universal"?: bool, "first_step"?: global index of the first step run here}
+    "instrument"?: bool (time every schedule instruction), "global_batch"?, "hidden_size"?, "clip_grad"?}
+(Checkpoints and universal resume are tested on the trainer: tests/trainer/test_trainer_*resume*.py.)
 
 The model, the data and the seed depend on nothing but the step index, so every layout trains on
 the same global batches: step k uses GLOBAL_BATCH sequences drawn from a generator seeded by
@@ -20,7 +24,6 @@ Rank 0 writes {"losses": [...], "grad_norms": [...], "step_seconds": [...], ...}
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -87,37 +90,6 @@ def micro_batches_of(step: int, dp_rank: int, dp: int, micro_batch: int = MICRO_
             for i in range(0, per_rank, micro_batch)]
 
 
-def install_fp32_clip(engine, clip: float) -> None:
-    """fp32 runs: make DeepSpeed's fp32 clipping use the right global norm for a pipeline.
-
-    DeepSpeed's fp32 path (`engine.clip_fp32_gradients` -> runtime.utils.clip_grad_norm_) counts
-    non-TP parameters on model-parallel "slice" rank 0 only, i.e. on the FIRST pipeline stage only,
-    and counts the tied embedding on both stages: with pp > 1 the clip coefficient is off (measured
-    on this model: 7e-7 relative loss error at step 2 with pp = 2). trainer.engine.guard_fp32_step
-    already computes the right norm (BF16_Optimizer's rules) for the report; this applies it to the
-    clipping too, as the trainer's engine should (see docs/parallelism.md)."""
-    import torch
-    import torch.distributed as dist
-    from deepspeed.runtime.utils import get_global_norm_of_tensors, is_model_parallel_parameter
-
-    def clip_fp32_gradients():
-        tp_rank = engine.mpu.get_slice_parallel_rank()
-        params = [p for p in engine.module.parameters() if p.grad is not None]
-        counted = [p.grad for p in params
-                   if not getattr(p, "ds_pipe_replicated", False) and (tp_rank == 0 or is_model_parallel_parameter(p))]
-        norm = float(get_global_norm_of_tensors(counted, mpu=engine.mpu))
-        # The same sum in float64: the reference for how precise the fp32 norm itself is.
-        sq = torch.stack([g.double().pow(2).sum() for g in counted]).sum()
-        dist.all_reduce(sq, group=engine.mpu.get_model_parallel_group())
-        engine.grad_norm_fp64 = math.sqrt(float(sq))
-        if clip > 0 and norm > clip:
-            coef = clip / (norm + 1e-6)
-            for param in params:
-                param.grad.mul_(coef)
-
-    engine.clip_fp32_gradients = clip_fp32_gradients
-
-
 def instrument_schedule(engine) -> dict:
     """Time every pipeline-schedule instruction this rank executes (ForwardPass, BackwardPass,
     SendActivation, RecvGrad, ...): {"current": {instruction name: seconds}} for the step running,
@@ -137,32 +109,15 @@ def instrument_schedule(engine) -> dict:
     return timings
 
 
-def build_engine(cfg, layout, *, load_universal: bool = False, deepspeed_fp32_clip: bool = False):
-    """PipelineModule of the tiny BLOOM + the trainer's DeepSpeed engine, built as trainer.loop does
-    (trainer.engine's param groups, AdamW, DeepSpeed config, fp32 step guard, TP-replicated grad
-    sync), plus `checkpoint.load_universal` when resuming from a universal checkpoint."""
-    import deepspeed
-
+def build_engine(cfg, layout):
+    """PipelineModule of the tiny BLOOM + the trainer's DeepSpeed engine, built by trainer.engine as
+    trainer.loop does (param groups, AdamW, DeepSpeed config, fp32 step guard with its pipeline-aware
+    clipping, TP-replicated grad sync)."""
     from trainer import engine as trainer_engine
     from trainer.model import build_pipeline_module
 
     module = build_pipeline_module(cfg, layout)
-    bf16 = cfg.model.dtype == "bf16"
-    param_groups = trainer_engine.build_param_groups(module.named_parameters(), cfg.optimizer.weight_decay,
-                                                     cfg.optimizer.max_group_params)
-    optimizer = trainer_engine.build_optimizer(cfg, param_groups)
-    ds_config = trainer_engine.deepspeed_config(cfg, cfg.micro_batches, bf16)
-    if load_universal:
-        from trainer.universal import universal_load_config
-
-        ds_config.update(universal_load_config())
-    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=ds_config)
-    if not bf16:
-        trainer_engine.guard_fp32_step(engine)  # the global norm (BF16_Optimizer's rules) + non-finite skip
-        if deepspeed_fp32_clip:  # only to show DeepSpeed's pp > 1 clipping bug: undo the trainer's fix
-            del engine.clip_fp32_gradients
-        else:  # the trainer's clipping, plus the norm summed in float64 for the tests
-            install_fp32_clip(engine, cfg.optimizer.clip_grad)
+    engine = trainer_engine.initialize(cfg, module, cfg.micro_batches)
     trainer_engine.install_replicated_grad_sync(engine, layout.tp)
     return engine
 
@@ -185,19 +140,13 @@ def run(spec: dict) -> dict:
     layout = ParallelLayout(tp=tp, pp=pp, dp=dp, world_size=env.world_size)
     initialize_model_parallel(layout)
     t0 = time.perf_counter()
-    engine = build_engine(cfg, layout, load_universal=bool(spec.get("load_universal")),
-                          deepspeed_fp32_clip=bool(spec.get("deepspeed_fp32_clip")))
+    engine = build_engine(cfg, layout)
     init_seconds = time.perf_counter() - t0
 
     timings = instrument_schedule(engine) if spec.get("instrument") else None
-    if spec.get("load_dir"):
-        load_path, _ = engine.load_checkpoint(spec["load_dir"], tag=spec.get("load_tag"))
-        if load_path is None:
-            raise RuntimeError(f"no checkpoint loaded from {spec['load_dir']} (tag {spec.get('load_tag')})")
-    first = spec.get("first_step", 0)
     dp_rank = groups.get_dp_rank()
-    losses, norms, seconds, norms_fp64 = [], [], [], []
-    for step in range(first, first + spec["steps"]):
+    losses, norms, seconds = [], [], []
+    for step in range(spec["steps"]):
         batches = iter(micro_batches_of(step, dp_rank, dp, global_batch=global_batch))
         dist.barrier()
         t = time.perf_counter()
@@ -206,15 +155,10 @@ def run(spec: dict) -> dict:
         losses.append(float(loss))
         norm = engine.get_global_grad_norm()
         norms.append(None if norm is None else float(norm))
-        if hasattr(engine, "grad_norm_fp64"):
-            norms_fp64.append(engine.grad_norm_fp64)
         if timings is not None:
             timings["steps"].append(dict(timings.pop("current", {})))
-        if spec.get("save_dir") and spec.get("save_at") == step + 1:
-            save_checkpoint(engine, cfg, layout, spec["save_dir"], f"step_{step + 1:07d}")
     result = {"layout": [dp, tp, pp], "dtype": cfg.model.dtype, "losses": losses, "grad_norms": norms,
-              "grad_norms_fp64": norms_fp64,
-              "step_seconds": seconds, "init_seconds": init_seconds, "first_step": first,
+              "step_seconds": seconds, "init_seconds": init_seconds,
               "micro_batches": engine.gradient_accumulation_steps()}
     if timings is not None:  # every rank's per-instruction seconds, per step: [rank][step]{name: s}
         gathered = [None] * dist.get_world_size()
@@ -226,12 +170,6 @@ def run(spec: dict) -> dict:
     dist.barrier()
     dist.destroy_process_group()
     return result
-
-
-def save_checkpoint(engine, cfg, layout, save_dir: str, tag: str) -> None:
-    from trainer.universal import universal_client_state
-
-    engine.save_checkpoint(save_dir, tag=tag, client_state=universal_client_state(cfg, layout))
 
 
 if __name__ == "__main__":

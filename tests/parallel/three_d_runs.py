@@ -1,10 +1,11 @@
-"""Running the harness from a test: one layout's run as a dict of results, and the comparisons.
+"""Running the harness (bench and the SLURM job test): one layout's run as a dict of results, and the
+comparisons. The layout equivalence of the trainer itself: tests/parallel/trainer_layouts.py.
 
 Tolerances (see docs/parallelism.md for the derivation):
 - fp32: relative error of every loss and gradient norm <= 1e-5 (the issue's bound). Layouts differ
   only in the order of fp32 sums (TP all-reduce of partial products, DP all-reduce of gradients,
-  micro-batch accumulation), each ~1e-7 relative; measured max is ~1e-7 for losses and for the norm
-  summed in float64, ~4e-6 for the norm trainer.engine reports (float32 sums of squares).
+  micro-batch accumulation), each ~1e-7 relative; measured max is ~1e-7 for losses, ~4e-6 for the
+  norm trainer.engine reports (float32 sums of squares of this model's 256 x 48 embedding gradient).
 - bf16: relative error <= 2e-3 for losses and <= 5e-3 for gradient norms. The weights are bf16
   (8 significant bits: a rounding moves a value by up to 2^-9 = 1.95e-3 relative). A different
   reduction order (bf16 TP partial sums all-reduced then rounded, vs one bf16 matmul) rounds some
@@ -26,7 +27,7 @@ TOLERANCE = {"fp32": {"loss": 1e-5, "grad_norm": 1e-5}, "bf16": {"loss": 2e-3, "
 
 def run_layout(work: Path, dp: int, tp: int, pp: int, dtype: str, steps: int = 10, **spec) -> dict:
     """Train the tiny BLOOM at (dp, tp, pp) with dp*tp*pp local ranks; returns rank 0's results."""
-    extras = "".join(f"-{k}{spec[k]}" for k in sorted(spec) if k not in ("save_dir", "load_dir", "load_tag"))
+    extras = "".join(f"-{k}{spec[k]}" for k in sorted(spec))
     name = f"dp{dp}-tp{tp}-pp{pp}-{dtype}{extras}".replace("/", "_")
     out = work / f"{name}.json"
     full = {"tp": tp, "pp": pp, "dp": dp, "dtype": dtype, "steps": steps, "out": str(out), **spec}
@@ -47,15 +48,8 @@ def compare(result: dict, reference: dict, dtype: str, what: str) -> tuple[float
     loss_err = max_rel_error(result["losses"], reference["losses"])
     norm_err = max_rel_error(result["grad_norms"], reference["grad_norms"])
     tol = TOLERANCE[dtype]
-    fp64 = ""
-    if result.get("grad_norms_fp64") and reference.get("grad_norms_fp64"):
-        # fp32 runs also record the norm summed in float64: trainer.engine's own fp32 norm (DeepSpeed's
-        # get_global_norm_of_tensors, float32 sums) carries up to ~7e-6 of its own rounding.
-        fp64_err = max_rel_error(result["grad_norms_fp64"], reference["grad_norms_fp64"])
-        fp64 = f", grad norm summed in fp64 {fp64_err:.2e}"
-        assert fp64_err <= tol["grad_norm"], f"{what}: fp64 grad norms differ by {fp64_err:.2e}"
     print(f"{what}: max rel error loss {loss_err:.2e} (tol {tol['loss']:.0e}), grad norm {norm_err:.2e} "
-          f"(tol {tol['grad_norm']:.0e}){fp64}, wall {result.get('wall_seconds', 0):.1f} s")
+          f"(tol {tol['grad_norm']:.0e}), wall {result.get('wall_seconds', 0):.1f} s")
     assert loss_err <= tol["loss"], f"{what}: losses {result['losses']} vs {reference['losses']}"
     assert norm_err <= tol["grad_norm"], f"{what}: grad norms {result['grad_norms']} vs {reference['grad_norms']}"
     return loss_err, norm_err

@@ -42,13 +42,31 @@ def test_cluster_spec_limits():
     assert ClusterSpec(nodes=100).node_names()[:2] == ["node001", "node002"]
 
 
-def test_backend_selection(monkeypatch, tmp_path):
+def test_backend_selection_never_falls_back_to_the_mock(monkeypatch, tmp_path):
     monkeypatch.setenv("RUNCTL_SCHEDULER", "mock")
     assert scheduler_name() == "mock"
     assert isinstance(get_scheduler(directory=tmp_path), MockScheduler)
     monkeypatch.setenv("RUNCTL_SCHEDULER", "pbs")
     with pytest.raises(UsageError, match="slurm, mock"):
         scheduler_name()
-    monkeypatch.setenv("RUNCTL_SCHEDULER", "auto")
+    # A login node where SLURM's module is not loaded: an error that says what to load, not the mock.
+    monkeypatch.delenv("RUNCTL_SCHEDULER")
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch on PATH
-    assert scheduler_name() == "mock"
+    for ask in (scheduler_name, get_scheduler):
+        with pytest.raises(UsageError, match=r"module load slurm.*RUNCTL_SCHEDULER=mock"):
+            ask()
+    assert scheduler_name(require_sbatch=False) == "slurm"  # a dry run needs no sbatch
+    (tmp_path / "sbatch").write_text("#!/bin/sh\n")
+    (tmp_path / "sbatch").chmod(0o755)
+    assert scheduler_name() == "slurm"
+
+
+def test_demo_without_a_cluster_stops_unless_the_mock_is_asked_for(monkeypatch, tmp_path, capsys):
+    from orchestrator import demo
+
+    monkeypatch.delenv("RUNCTL_SCHEDULER", raising=False)
+    monkeypatch.setattr(demo, "real_cluster_or_reason", lambda nodes: (None, "not root (test)"))
+    assert demo.main(["--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "not root (test)" in err and "DEMO_ARGS=--mock" in err
+    assert not (tmp_path / "run").exists(), "nothing may be submitted anywhere"

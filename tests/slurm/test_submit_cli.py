@@ -103,3 +103,33 @@ def test_submit_refuses_bad_configs_and_foreign_run_dirs(mock_slurm_dir, tmp_pat
     assert code == EXIT_USAGE and "already holds another config" in err
     code, _, err = run_cli(capsys, "status", str(tmp_path / "nowhere"))
     assert code == EXIT_USAGE and "not a run directory" in err
+
+
+def test_submit_without_sbatch_and_without_asking_for_the_mock_is_an_error(tmp_path, capsys, monkeypatch):
+    """`runctl submit` on a login node where SLURM's module is not loaded: refused, with what to
+    load; nothing is recorded as submitted. A dry run still works there."""
+    monkeypatch.delenv("RUNCTL_SCHEDULER", raising=False)
+    monkeypatch.setenv("RUNCTL_MOCK_SLURM_DIR", str(tmp_path / "mock"))  # where a fallback would go
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    code, out, err = run_cli(capsys, "submit", str(DEMO), "--run-dir", str(tmp_path / "r"))
+    assert code == EXIT_USAGE and "module load slurm" in err and "RUNCTL_SCHEDULER=mock" in err, (out, err)
+    assert not (tmp_path / "r" / "jobs" / "submissions.jsonl").exists()
+    code, out, _ = run_cli(capsys, "submit", str(DEMO), "--run-dir", str(tmp_path / "d"), "--dry-run", "--json")
+    assert code == 0 and json.loads(out)["scheduler"] == "slurm"
+
+
+def test_a_slurm_timeout_is_labelled_as_the_controller_labels_it(mock_slurm_dir, tmp_path):
+    """A job SLURM ended TIMEOUT after the trainer saved on the pre-timeout signal (exit 18): the
+    run continues, for `runctl status` as for the controller (classify_end): "time_budget"."""
+    from orchestrator.controller.detection import classify_end  # the controller's import path
+    from orchestrator.runs import prepare_run_dir
+
+    cfg = load_config(DEMO)
+    sched = MockScheduler(mock_slurm_dir)
+    prepare_run_dir(cfg, tmp_path / "r")
+    sched.slurm.push_scenario([{"state": "RUNNING", "polls": 1}, {"state": "TIMEOUT", "exit_code": 18}])
+    submit_job(tmp_path / "r", cfg, sched)
+    job_table(tmp_path / "r", sched)
+    row = job_table(tmp_path / "r", sched)[0]
+    assert (row["state"], row["exit_code"], row["outcome"]) == ("timeout", 18, "time_budget")
+    assert row["outcome"] == classify_end(row["state"], row["exit_code"]).value

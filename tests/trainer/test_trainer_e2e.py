@@ -133,7 +133,7 @@ def test_kill_switch_and_time_budget_save_and_exit(tmp_path):
     deadline = time.time() + 180
     while time.time() < deadline and len(read_jsonl(RunPaths.of(killed).metrics)) < 6:
         time.sleep(0.2)
-    atomic_write_json(RunPaths.of(killed).control_request(KILL_REQUEST), {"user": "alice", "reason": "test"})
+    atomic_write_json(RunPaths.of(killed).accepted_request(KILL_REQUEST), {"user": "alice", "reason": "test"})
     assert launch_local.wait(k + b, 240) == [ExitCode.KILLED, ExitCode.TIME_BUDGET]
     for run, reason in ((killed, "kill switch (by alice: test)"), (budget, "exit_duration_minutes=30.0")):
         paths = RunPaths.of(run)
@@ -185,11 +185,11 @@ def test_hung_loop_beats_without_progress_and_dumps_stacks(tmp_path):
               f"{later['progress_time'] - beat['progress_time']:.2f}s")
         assert later["beat_time"] - beat["beat_time"] > 1.0
         assert later["progress_time"] == beat["progress_time"] and later["step"] == 2
-        atomic_write_json(paths.control_request("dump-stacks"), {"user": "controller"})
+        atomic_write_json(paths.accepted_request("dump-stacks"), {"user": "controller"})
         stacks = paths.stacks / "rank-00000.txt"
         while time.time() < deadline and not stacks.exists():
             time.sleep(0.1)
-        assert "inject_faults" in stacks.read_text()
+        assert "before_step" in stacks.read_text()  # trainer.faults: the hang fault
     finally:
         for proc in procs:
             proc.kill()

@@ -60,7 +60,7 @@ def test_dump_stacks_request_is_served_by_the_heartbeat_thread(tmp_path):
     worker = threading.Thread(target=stuck_in_collective, name="stuck-worker")
     worker.start()
     try:
-        atomic_write_json(paths.control_request(DUMP_STACKS_REQUEST), {"user": "oncall", "reason": "hang"})
+        atomic_write_json(paths.accepted_request(DUMP_STACKS_REQUEST), {"by": "controller", "reason": "hang"})
         deadline = time.time() + 5
         while not hb.stacks_path().exists() and time.time() < deadline:
             time.sleep(0.05)
@@ -96,7 +96,7 @@ def test_control_flags(tmp_path):
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(0.05)
         assert c.signal_received == "SIGUSR1" and c.time_budget_reached()
-        atomic_write_json(paths.control_request(KILL_REQUEST), {"user": "alice", "reason": "bad loss"})
+        atomic_write_json(paths.accepted_request(KILL_REQUEST), {"user": "alice", "reason": "bad loss"})
         decision = c.agree()
         assert decision.kill and decision.time_budget and decision.checkpoint_due
         assert "alice" in c.describe_stop(decision)

@@ -94,9 +94,14 @@ def build_data_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_
     if dataset is None:
         return None
     sampler = MegatronPretrainingSampler(len(dataset), consumed_samples, micro_batch_size, dp_rank, dp_size)
+    # The loader's own generator: without one, every new iterator draws its base seed from the
+    # GLOBAL torch RNG, the one dropout uses. A resumed run creates its iterator right after the
+    # checkpoint's RNG state is restored, so that extra draw shifted every dropout mask after a
+    # resume, and each evaluation's loader shifted them again (the order comes from the sampler; the
+    # base seed only seeds worker processes, which do nothing random here).
     return torch.utils.data.DataLoader(
         dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=_collate,
-        persistent_workers=num_workers > 0,
+        persistent_workers=num_workers > 0, generator=torch.Generator().manual_seed(consumed_samples),
     )
 
 

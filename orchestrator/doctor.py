@@ -1,0 +1,177 @@
+"""Who watches the watcher: `runctl doctor RUN_DIR`, run from cron on any login node.
+
+Three checks, each a Finding (ok, or a problem that says what to do):
+1. controller: its heartbeat (controller.json) keeps moving while the run is not stopped.
+   Judged by the pass counter in the file against the doctor's own memory of it (a small JSON
+   file per run under the user's state directory, with the time of the look by the doctor's
+   clock): stale when `passes` has not moved for longer than `stale_after`. Two looks of the
+   same machine never compare clocks. On the first look (no memory yet) the file's mtime is
+   compared with this machine's clock instead: login nodes share one NTP and the threshold is
+   minutes. A controller can only be judged between two doctor runs, which cron provides.
+2. job: a run that is not stopped has a job pending or running in the scheduler; right after a
+   job ends the controller needs a pass to resubmit, so only an absence longer than `grace`
+   counts.
+3. disk: the next checkpoint fits (orchestrator.controller.disk); critical is a problem.
+
+Problems are notified (orchestrator.notify, kind "failure") when they change, not on every cron
+run. Reading only: the doctor writes nothing in the run directory (it may not be the owner).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.controller_heartbeat import beat_file_age, read_beat
+from orchestrator.protocol import JobState, RunPaths, atomic_write_json, read_json
+
+STOPPED = ("killed", "finished", "crash_loop", "config_error")
+LIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.COMPLETING, JobState.HELD)
+
+
+@dataclass
+class Finding:
+    check: str  # "controller" | "job" | "disk"
+    ok: bool
+    message: str
+
+
+def memory_path(run_root: Path, state_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The doctor's own memory of one run (not in the run directory: any operator may run it)."""
+    base = (
+        Path(state_dir)
+        if state_dir
+        else Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "runctl"
+    )
+    digest = hashlib.sha256(str(run_root).encode()).hexdigest()[:16]
+    return base / f"doctor-{digest}.json"
+
+
+def check_controller(
+    paths: RunPaths, status: str, memory: dict[str, Any], now: float, stale_after: float
+) -> Finding:
+    if status in STOPPED:
+        return Finding("controller", True, f"the run is {status}: no controller needed")
+    beat = read_beat(paths)
+    if beat is None:
+        return Finding(
+            "controller", False,
+            f"no controller heartbeat ({paths.controller_heartbeat.name} missing): no controller has "
+            f"supervised this run since it was submitted; start one: runctl watch {paths.root} --detach",
+        )  # fmt: skip
+    passes = int(beat.get("passes") or 0)
+    who = f"pid {beat.get('pid')} on {beat.get('host')}"
+    seen = memory.get("controller") or {}
+    if seen.get("passes") == passes and isinstance(seen.get("seen_at"), (int, float)):
+        quiet = now - float(seen["seen_at"])
+        how = f"its pass counter ({passes}) has not moved for {quiet:.0f} s (doctor's clock)"
+    else:
+        memory["controller"] = {"passes": passes, "seen_at": now}
+        quiet = beat_file_age(paths, now) or 0.0
+        how = f"{paths.controller_heartbeat.name} last changed {quiet:.0f} s ago"
+        if seen:  # the counter moved since the last look: alive, whatever the mtime says
+            quiet = 0.0
+    if quiet > stale_after:
+        return Finding(
+            "controller", False,
+            f"the controller ({who}) is stale: {how}, more than {stale_after:.0f} s. If it hangs, "
+            f"kill it on {beat.get('host')}; then start one: runctl watch {paths.root} --detach "
+            "(or runctl doctor --restart-controller as the owner)",
+        )  # fmt: skip
+    failing = int(beat.get("failing_passes") or 0)
+    note = f"; its last {failing} pass(es) failed (see runctl events)" if failing else ""
+    return Finding("controller", True, f"controller {who} alive: {passes} passes{note}")
+
+
+def check_job(
+    run_root: Path, status: str, scheduler: Any, state: dict[str, Any], now: float, grace: float
+) -> Finding:
+    if status in STOPPED:
+        return Finding("job", True, f"the run is {status}: no job needed")
+    from orchestrator.errors import SchedulerError  # noqa: PLC0415
+    from orchestrator.runs import recorded_jobs  # noqa: PLC0415 - pulls in the config models
+
+    ids = [str(r["job_id"]) for r in recorded_jobs(run_root)]
+    try:
+        infos = scheduler.jobs(ids) if ids else {}
+    except SchedulerError as exc:
+        return Finding("job", True, f"cannot ask the scheduler ({exc}); job check skipped")
+    live = [j for j, info in infos.items() if info.state in LIVE_STATES]
+    if live:
+        return Finding("job", True, f"job(s) {', '.join(sorted(live))} queued or running")
+    ends = [info.end_time for info in infos.values() if info.end_time]
+    ends += [j.get("ended_at") for j in state.get("jobs", []) if isinstance(j, dict) and j.get("ended_at")]
+    last_end = max(ends) if ends else None
+    if last_end is not None and now - last_end < grace:
+        return Finding(
+            "job", True, f"no job right now; the last ended {now - last_end:.0f} s ago (grace {grace:.0f} s)"
+        )
+    return Finding(
+        "job", False,
+        f"the run is {status or 'not started'} but no job of it is queued or running"
+        + (f" (the last ended {now - last_end:.0f} s ago)" if last_end else "")
+        + f": is its controller alive? `runctl status {run_root}`; `runctl resume` or `runctl watch --detach`",
+    )  # fmt: skip
+
+
+def check_disk_space(paths: RunPaths, cfg: Any) -> Finding:
+    from orchestrator.controller.checkpoints import list_checkpoints  # noqa: PLC0415
+    from orchestrator.controller.disk import check_disk, planned_checkpoint_bytes  # noqa: PLC0415
+
+    ckpt_dir = RunPaths.of(paths.root, cfg.checkpoint.dir).checkpoints
+    complete = [c for c in list_checkpoints(ckpt_dir) if c.complete]
+    check = check_disk(ckpt_dir, complete[-1].size_bytes if complete else None, planned_checkpoint_bytes(cfg))
+    if check.level == "critical":
+        return Finding(
+            "disk", False, f"disk critical: {check.message()}: the next save will fail; free space now"
+        )
+    return Finding("disk", True, f"disk {check.level}: {check.message()}")
+
+
+def diagnose(
+    run_dir: str | os.PathLike[str],
+    cfg: Any,
+    scheduler: Any,
+    *,
+    stale_after: float,
+    grace: float,
+    state_dir: str | os.PathLike[str] | None = None,
+    now: float | None = None,
+) -> tuple[list[Finding], dict[str, Any], Path]:
+    """The three findings, the doctor's memory (updated, not yet saved) and where it lives."""
+    paths = RunPaths.of(run_dir)
+    now = now if now is not None else time.time()
+    where = memory_path(paths.root, state_dir)
+    try:
+        memory = read_json(where) or {}
+    except (OSError, ValueError):
+        memory = {}
+    state = read_json(paths.state) or {}
+    status = str(state.get("status", "")) if isinstance(state, dict) else ""
+    findings = [
+        check_controller(paths, status, memory, now, stale_after),
+        check_job(paths.root, status, scheduler, state if isinstance(state, dict) else {}, now, grace),
+        check_disk_space(paths, cfg),
+    ]
+    return findings, memory, where
+
+
+def should_notify(findings: list[Finding], memory: dict[str, Any]) -> bool:
+    """Notify when the set of failing checks changed since the last run (cron must not page every
+    five minutes about the same problem); remembers the new set."""
+    failing = sorted(f.check for f in findings if not f.ok)
+    changed = failing != memory.get("notified", [])
+    memory["notified"] = failing
+    return changed and bool(failing)
+
+
+def save_memory(where: Path, memory: dict[str, Any]) -> None:
+    atomic_write_json(where, memory, mode=0o600)
+
+
+def as_json(findings: list[Finding]) -> list[dict[str, Any]]:
+    return [asdict(f) for f in findings]

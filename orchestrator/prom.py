@@ -1,0 +1,200 @@
+"""Prometheus metrics of one run, read from its run directory at every scrape (prometheus-client).
+
+    registry = run_registry(run_dir)      # a CollectorRegistry with one RunCollector
+    start_http_server(port, addr, registry=registry) / write_to_textfile(path, registry)
+
+Every metric carries `run` (the config's name). What a site alerts on, and why it is clock-safe:
+- runctl_controller_passes_total and runctl_heartbeat_writes_total{rank}: counters that move
+  while the controller / a rank is alive. `changes(...[5m]) == 0` needs no clock agreement
+  between the exporter and the nodes; the *_age_seconds gauges beside them compare this machine's
+  clock with a file's mtime or a node's beat time, for people.
+- runctl_goodput_ratio{window} and runctl_time_seconds{window,category}: orchestrator.goodput
+  (its files are parsed again only when they changed).
+- runctl_disk_free_bytes / runctl_disk_next_checkpoint_bytes / runctl_disk_headroom_ratio
+  (free / needed; below 1 the next save fails).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from orchestrator.controller_heartbeat import beat_file_age, read_beat
+from orchestrator.protocol import RunPaths, read_json
+
+RUN_STATUSES = (
+    "waiting",
+    "running",
+    "restarting",
+    "killing",
+    "killed",
+    "finished",
+    "crash_loop",
+    "config_error",
+)
+
+
+class RunCollector(Collector):
+    def __init__(self, run_dir: str | os.PathLike[str]):
+        self.paths = RunPaths.of(run_dir)
+        self._cfg = None
+
+    def _config(self):
+        if self._cfg is None:
+            from orchestrator.config import load_config  # noqa: PLC0415
+
+            self._cfg = load_config(self.paths.config)
+        return self._cfg
+
+    def collect(self) -> Iterator[Any]:
+        cfg = self._config()
+        run = cfg.name
+        now = time.time()
+        yield from self._training(run)
+        yield from self._heartbeats(run, now)
+        yield from self._run_state(run)
+        yield from self._goodput_metrics(run, now, cfg)
+        yield from self._disk(run, cfg)
+        yield from self._controller(run, now)
+
+    def _training(self, run: str) -> Iterator[Any]:
+        from orchestrator.dashboard import tail_jsonl  # noqa: PLC0415
+
+        lines = [m for m in tail_jsonl(self.paths.metrics, 64 * 1024) if m.get("step") is not None]
+        last = lines[-1] if lines else {}
+        for name, key, doc in (
+            ("runctl_step", "step", "last training step written to metrics.jsonl"),
+            ("runctl_loss", "loss", "training loss of the last step"),
+            ("runctl_tokens_per_second", "tokens_per_s", "tokens per second of the last step"),
+            ("runctl_tflops_per_gpu", "tflops_per_gpu", "model TFLOPs per GPU of the last step"),
+        ):
+            value = last.get(key, last.get("tflops")) if key == "tflops_per_gpu" else last.get(key)
+            if isinstance(value, (int, float)):
+                yield _gauge(name, doc, run, value)
+
+    def _heartbeats(self, run: str, now: float) -> Iterator[Any]:
+        from orchestrator.controller.detection import read_heartbeats  # noqa: PLC0415
+
+        age = GaugeMetricFamily(
+            "runctl_heartbeat_age_seconds",
+            "now (exporter clock) - the rank's beat_time (node clock): for people; alert on the writes counter",
+            labels=["run", "rank", "host", "job"],
+        )
+        writes = CounterMetricFamily(
+            "runctl_heartbeat_writes", "the rank's heartbeat sequence number (moves while it beats)",
+            labels=["run", "rank", "host", "job"],
+        )  # fmt: skip
+        for beat in read_heartbeats(self.paths.heartbeats):
+            labels = [run, str(beat.get("rank")), str(beat.get("host", "")), str(beat.get("job_id", ""))]
+            if isinstance(beat.get("beat_time"), (int, float)):
+                age.add_metric(labels, max(0.0, now - beat["beat_time"]))
+            writes.add_metric(labels, float(beat.get("seq") or 0))
+        yield age
+        yield writes
+
+    def _run_state(self, run: str) -> Iterator[Any]:
+        from orchestrator.controller.exclude import read_excluded  # noqa: PLC0415
+
+        state = read_json(self.paths.state) or {}
+        restarts = CounterMetricFamily("runctl_restarts", "restarts the controller made", labels=["run"])
+        restarts.add_metric([run], float(state.get("restarts") or 0))
+        yield restarts
+        status = GaugeMetricFamily("runctl_run_status", "1 for the run's status", labels=["run", "status"])
+        for name in RUN_STATUSES:
+            status.add_metric([run, name], 1.0 if state.get("status") == name else 0.0)
+        yield status
+        excluded = read_excluded(self.paths)
+        yield _gauge("runctl_excluded_nodes", "nodes on the run's exclude list", run, len(excluded))
+        info = GaugeMetricFamily(
+            "runctl_excluded_node", "1 per excluded node", labels=["run", "node", "reason"]
+        )
+        for node, why in sorted(excluded.items()):
+            info.add_metric([run, node, str((why or {}).get("reason", ""))[:80]], 1.0)
+        yield info
+
+    def _goodput_metrics(self, run: str, now: float, cfg: Any) -> Iterator[Any]:
+        from orchestrator.goodput import run_breakdown  # noqa: PLC0415
+
+        ckpt = RunPaths.of(self.paths.root, cfg.checkpoint.dir).checkpoints
+        breakdown = run_breakdown(self.paths.root, now=now, checkpoints_dir=ckpt)  # files parsed once, cached
+        ratio = GaugeMetricFamily(
+            "runctl_goodput_ratio", "useful training / wall time", labels=["run", "window"]
+        )
+        seconds = GaugeMetricFamily(
+            "runctl_time_seconds",
+            "wall time per category (orchestrator.goodput)",
+            labels=["run", "window", "category"],
+        )
+        for window, part in (("whole_run", breakdown["whole_run"]), ("24h", breakdown["last_24h"])):
+            if part["goodput"] is not None:
+                ratio.add_metric([run, window], part["goodput"])
+            for category, value in part["seconds"].items():
+                seconds.add_metric([run, window, category], value)
+        yield ratio
+        yield seconds
+
+    def _disk(self, run: str, cfg: Any) -> Iterator[Any]:
+        from orchestrator.controller.checkpoints import list_checkpoints  # noqa: PLC0415
+        from orchestrator.controller.disk import check_disk  # noqa: PLC0415
+
+        ckpt_dir = RunPaths.of(self.paths.root, cfg.checkpoint.dir).checkpoints
+        complete = [c for c in list_checkpoints(ckpt_dir) if c.complete]
+        # The planner's estimate is not asked for here (a scrape must stay cheap): before the first
+        # checkpoint only the free space is known.
+        check = check_disk(ckpt_dir, complete[-1].size_bytes if complete else None, None)
+        yield _gauge("runctl_disk_free_bytes", "free bytes where the checkpoints go", run, check.free_bytes)
+        if check.expected_bytes:
+            yield _gauge(
+                "runctl_disk_next_checkpoint_bytes", "size of the last checkpoint", run, check.expected_bytes
+            )
+            yield _gauge(
+                "runctl_disk_headroom_ratio", "free / next checkpoint (< 1: the next save fails)", run,
+                check.free_bytes / check.expected_bytes,
+            )  # fmt: skip
+
+    def _controller(self, run: str, now: float) -> Iterator[Any]:
+        from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
+
+        beat = read_beat(self.paths) or {}
+        passes = CounterMetricFamily(
+            "runctl_controller_passes", "supervision passes (moves while alive)", labels=["run"]
+        )
+        passes.add_metric([run], float(beat.get("passes") or 0))
+        yield passes
+        age = beat_file_age(self.paths, now)
+        if age is not None:
+            yield _gauge(
+                "runctl_controller_heartbeat_age_seconds",
+                "now - mtime of controller.json (this clock)",
+                run,
+                age,
+            )
+        yield _gauge(
+            "runctl_controller_failing_passes",
+            "passes in a row that raised",
+            run,
+            beat.get("failing_passes") or 0,
+        )
+        yield _gauge(
+            "runctl_controller_up",
+            "1 when a controller holds the run's lock",
+            run,
+            1 if lock_holder(self.paths.root) else 0,
+        )
+
+
+def _gauge(name: str, doc: str, run: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=["run"])
+    family.add_metric([run], float(value))
+    return family
+
+
+def run_registry(run_dir: str | os.PathLike[str]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunCollector(run_dir))
+    return registry

@@ -1,0 +1,227 @@
+"""Holes 1, 3 and 4 of issue 12: what operators and other users drop in control/ and audit-inbox/.
+
+Each test plays the attack as the attacking Unix user, then runs the controller's request intake
+(orchestrator.controller.requests.read_requests) as the owner, and checks that the attack was
+refused, recorded under the attacker's real name, and that a genuine request still works after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+from attack_env import as_user, operators_of, runctl_as, uid
+
+from orchestrator.controller.requests import publish, read_requests
+from orchestrator.errors import EXIT_PERMISSION
+from orchestrator.operators import QUARANTINE_NAME, prepare_permissions, read_audit
+from orchestrator.protocol import RunPaths
+from trainer.control import Controls
+
+SECRET = "-----BEGIN PRIVATE KEY----- owner's secret"
+
+
+def owner_secret(team, paths: RunPaths):
+    """A 0600 file of the owner's, outside the run (think ~/.ssh/id_rsa)."""
+    path = paths.root.parent / "id_rsa"
+
+    def make():
+        path.write_text(SECRET)
+        os.chmod(path, 0o600)
+
+    as_user(team.owner, make)
+    return path
+
+
+def intake(team, paths: RunPaths):
+    result, out = as_user(team.owner, lambda: read_requests(paths, operators_of(paths)))
+    assert not isinstance(result, BaseException), out
+    return result
+
+
+def drop(user: str, path, body) -> None:
+    def write():
+        path.write_text(body if isinstance(body, str) else json.dumps(body))
+
+    result, out = as_user(user, write)
+    assert not isinstance(result, BaseException), out
+
+
+def audit_text(paths: RunPaths) -> str:
+    return paths.audit.read_text()
+
+
+def test_symlink_planted_in_control_is_never_followed(team, shared_run):
+    """Hole 1: control/x -> ~owner/.ssh/id_rsa must not be chmodded, chowned nor read."""
+    paths = shared_run()
+    secret = owner_secret(team, paths)
+    before = os.stat(secret)
+    planted, out = as_user(
+        team.oncall,
+        lambda: (os.symlink(secret, paths.control / "x"), os.symlink(secret, paths.control / "kill")),
+    )
+    assert not isinstance(planted, BaseException), out
+    warnings, out = as_user(team.owner, lambda: prepare_permissions(paths, operators_of(paths)))
+    assert not isinstance(warnings, BaseException), out
+    after = os.stat(secret)
+    assert (after.st_mode, after.st_gid) == (before.st_mode, before.st_gid), "the secret's mode/group changed"
+
+    got = intake(team, paths)
+    assert "kill" not in got.requests
+    moved = [e for e in got.events if e["event"] == "quarantined"]
+    assert moved and moved[0]["kind"] == "symbolic link" and moved[0]["user"] == team.oncall
+    assert SECRET not in audit_text(paths)
+    assert os.path.islink(moved[0]["moved_to"]) and secret.read_text() == SECRET
+    # Nothing lost: a genuine request after the attack is accepted.
+    drop(team.oncall, paths.control_request("kill"), {"reason": "real one"})
+    assert intake(team, paths).requests["kill"].user == team.oncall
+
+
+def test_request_is_authenticated_by_file_owner_and_trainer_obeys_only_accepted(team, shared_run):
+    """Hole 4: the JSON's "user" is self-declared; the trainer obeyed any control/kill."""
+    paths = shared_run()
+    forged = {"user": team.owner, "reason": "x\x1b[2J\nFAKE 12:00 owner kill allowed", "now": True}
+    drop(team.oncall, paths.control_request("kill"), forged)
+
+    controls = Controls(
+        paths,
+        rank=0,
+        job_start_time=0,
+        exit_duration_minutes=None,
+        checkpoint_interval_hours=None,
+        pre_timeout_signal=None,
+    )
+    assert as_user(team.owner, controls.kill_requested)[0] is False, (
+        "control/kill alone must not stop the trainer"
+    )
+
+    got = intake(team, paths)
+    request = got.requests["kill"]
+    assert (request.user, request.uid, request.now) == (team.oncall, uid(team.oncall), True)
+    assert "\n" not in request.reason and "\x1b" not in request.reason
+    lines = read_audit(paths)
+    assert [(r["user"], r["allowed"], r["action"]) for r in lines] == [(team.oncall, True, "kill --now")]
+    again = intake(team, paths)  # processed once: no second audit line, no second event
+    assert again.requests["kill"] == request and again.events == [] and len(read_audit(paths)) == 1
+
+    as_user(team.owner, lambda: publish(paths, request))
+    assert stat.S_IMODE(paths.accepted_request("kill").stat().st_mode) == 0o644
+    seen, out = as_user(team.owner, lambda: (controls.kill_requested(), controls.kill_request))
+    assert seen[0] is True and seen[1]["user"] == team.oncall, out
+    # An operator cannot write accepted/ (nor the audit trail) to skip the controller.
+    for target in (paths.accepted / "kill", paths.audit):
+        result, _ = as_user(team.oncall, lambda t=target: open(t, "a").write("{}"))
+        assert isinstance(result, PermissionError), f"{team.oncall} could write {target}"
+
+
+def test_touch_garbage_and_lists_are_kill_requests(team, shared_run):
+    """An empty file, non-JSON or a JSON list still means kill (reason "(none given)")."""
+    paths = shared_run()
+    for body in ("", "not json {", "[1, 2]", json.dumps({"reason": 7})):
+        drop(team.oncall, paths.control_request("kill"), body)
+        got = intake(team, paths)
+        assert got.requests["kill"].reason == "(none given)", body
+        as_user(team.oncall, lambda: paths.control_request("kill").unlink())
+        assert "kill" not in intake(team, paths).requests
+
+
+def test_non_operator_request_and_hard_link_are_refused_and_quarantined(team, shared_run):
+    paths = shared_run()
+    result, _ = as_user(team.outsider, lambda: paths.control_request("kill").write_text("{}"))
+    assert isinstance(result, PermissionError), "control/ must not be writable by a non-operator"
+    # A file of the outsider's that got there anyway (e.g. written while they were in the group).
+    paths.control_request("kill").write_text(json.dumps({"user": team.owner, "reason": "mine now"}))
+    os.chown(paths.control_request("kill"), uid(team.outsider), -1)
+    got = intake(team, paths)
+    assert "kill" not in got.requests and not paths.control_request("kill").exists()
+    refused = read_audit(paths)[-1]
+    assert (refused["user"], refused["allowed"]) == (team.outsider, False)
+    assert any(e["event"] == "request_refused" for e in got.events)
+    assert len(os.listdir(paths.root / QUARANTINE_NAME)) == 1
+
+    # A hard link to a file of the owner's would pass as the owner's request and leak its bytes
+    # (made as root here: fs.protected_hardlinks stops users on this host, not on every site).
+    secret = owner_secret(team, paths)
+    os.link(secret, paths.control_request("resume"))
+    got = intake(team, paths)
+    assert "resume" not in got.requests and SECRET not in audit_text(paths)
+    assert secret.read_text() == SECRET
+
+
+def test_fifo_and_oversized_request_do_not_block_and_are_handled_once(team, shared_run):
+    paths = shared_run()
+    as_user(team.oncall, lambda: os.mkfifo(paths.control_request("resume")))
+    drop(team.oncall, paths.control_request("kill"), "x" * 100_000)
+    got = intake(team, paths)  # as_user fails the test if this blocks
+    assert got.requests == {} and len([e for e in got.events if e["event"] == "quarantined"]) == 2
+    assert intake(team, paths).events == [], "handled once, not on every pass"
+
+
+def test_audit_inbox_forgeries_fifos_lists_and_links(team, shared_run):
+    """Hole 3: audit-inbox/ (1733) took files from any local user. New runs have none and a
+    non-operator cannot even reach the run; an inbox left by an older version is drained safely."""
+    paths = shared_run()
+    rc, out = runctl_as(team.outsider, ["kill", str(paths.root), "--reason", "I want the GPUs"])
+    assert rc == EXIT_PERMISSION and "Traceback" not in out, out
+    assert not (paths.root / "audit-inbox").exists()
+    result, _ = as_user(team.outsider, lambda: os.listdir(paths.root))
+    assert isinstance(result, PermissionError), "the run root must be closed to non-operators"
+
+    # An older run directory: world-traversable root and a 1733 inbox.
+    inbox = paths.root / "audit-inbox"
+    inbox.mkdir()
+    os.chmod(inbox, 0o1733)
+    os.chown(inbox, uid(team.owner), -1)
+    os.chmod(paths.root, 0o2755)
+    secret = owner_secret(team, paths)
+
+    def plant():
+        (inbox / "forged.json").write_text(
+            json.dumps({"user": team.oncall, "action": "kill", "allowed": True})
+        )
+        os.mkfifo(inbox / "fifo")
+        (inbox / "list.json").write_text("[1, 2, 3]")
+        (inbox / "garbage").write_bytes(b"\xff\x00 not json")
+        os.symlink(secret, inbox / "link.json")
+
+    as_user(team.outsider, plant)
+    got = intake(team, paths)
+    records = read_audit(paths)
+    assert [(r["user"], r["allowed"], r["action"]) for r in records] == [(team.outsider, False, "kill")], (
+        records
+    )
+    assert SECRET not in audit_text(paths)
+    assert os.listdir(inbox) == [], "every inbox file handled once (recorded or quarantined)"
+    assert len([e for e in got.events if e["event"] == "quarantined"]) == 4
+    assert intake(team, paths).events == []
+    (paths.audit.open("a")).write("[1, 2]\n")  # a list line must not crash the reader either
+    rc, out = runctl_as(team.oncall, ["events", str(paths.root), "--audit"])
+    assert rc == 0 and "Traceback" not in out and "REFUSED" in out, out
+
+
+def test_listed_user_outside_the_group_gets_a_fix_not_a_traceback(team, shared_run):
+    paths = shared_run()
+    rc, out = runctl_as(team.listed, ["kill", str(paths.root), "--reason", "on call"])
+    assert rc == EXIT_PERMISSION and "Traceback" not in out and "crashed" not in out, out
+    assert team.group in out and "operators" in out
+    # Allowed to read the run (as an ACL u:listed:rx would), still not to write control/.
+    os.chmod(paths.root, 0o2755)
+    os.chmod(paths.config, 0o644)
+    rc, out = runctl_as(team.listed, ["kill", str(paths.root), "--reason", "on call"])
+    assert rc == EXIT_PERMISSION and "Traceback" not in out and "crashed" not in out, out
+    assert "cannot write" in out and team.group in out and "setfacl" in out, out
+    assert read_audit(paths) == [], "no audit line claims an allowed action that did not happen"
+
+
+def test_kill_without_controller_says_nothing_stops_the_job(team, shared_run):
+    paths = shared_run()
+    rc, out = runctl_as(team.oncall, ["kill", str(paths.root), "--reason", "loss spike"])
+    assert rc == 0 and "NO CONTROLLER" in out and "runctl watch" in out, out
+
+
+def test_watch_by_non_owner_is_refused(team, shared_run):
+    paths = shared_run()
+    rc, out = runctl_as(team.oncall, ["watch", str(paths.root), "--once"])
+    assert rc == EXIT_PERMISSION and "only the owner" in out, out
+    assert not (paths.root / "controller.lock").exists()
