@@ -39,7 +39,10 @@ def write_beat(
     poll_seconds: float,
     started_at: float,
     now: float | None = None,
+    node_beat_age: dict[str, float] | None = None,
 ) -> None:
+    """`node_beat_age`: per heartbeat host, seconds since the controller saw its stalest rank's
+    beat change (its own monotonic clock): what the dashboard shows, free of node clock skew."""
     _replace_json(
         paths.controller_heartbeat,
         {
@@ -52,6 +55,7 @@ def write_beat(
             "failing_passes": failing_passes,
             "status": status,
             "poll_seconds": poll_seconds,
+            "node_beat_age": {host: round(age, 1) for host, age in (node_beat_age or {}).items()},
         },
     )
 

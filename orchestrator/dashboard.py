@@ -19,6 +19,7 @@ from orchestrator.controller.detection import read_heartbeats
 from orchestrator.controller.exclude import read_excluded
 from orchestrator.controller.lock import lock_holder
 from orchestrator.controller.state import load_state, read_events
+from orchestrator.controller_heartbeat import beat_file_age, read_beat
 from orchestrator.protocol import JobState, RunPaths
 from orchestrator.textsafe import for_rich, for_terminal
 
@@ -84,6 +85,9 @@ def dashboard_data(run_dir: str | os.PathLike[str], now: float | None = None) ->
     live_job = next((j for j in reversed(state.jobs) if j.state == JobState.RUNNING), None)
     job_id = live_job.job_id if live_job else (state.jobs[-1].job_id if state.jobs else None)
     nodes: dict[str, dict[str, Any]] = {}
+    # While a controller runs, the beat ages are its own (seconds since it saw each node's beat
+    # change, on its monotonic clock); without one, node clocks against this machine's.
+    seen_by_controller = _controller_beat_ages(paths, now) if lock_holder(paths.root) else {}
     for beat in read_heartbeats(paths.heartbeats):
         if job_id is not None and str(beat.get("job_id")) != str(job_id):
             continue
@@ -94,7 +98,9 @@ def dashboard_data(run_dir: str | os.PathLike[str], now: float | None = None) ->
         entry = nodes.setdefault(
             host, {"age": 0.0, "ranks": 0, "phase": beat.get("phase"), "step": beat.get("step")}
         )
-        entry["age"] = max(entry["age"], now - beat.get("beat_time", 0))
+        raw_host = str(beat.get("host", ""))
+        age = seen_by_controller.get(raw_host, now - beat.get("beat_time", 0))
+        entry["age"] = max(entry["age"], age)
         entry["stalled"] = max(
             entry.get("stalled", 0.0), now - max(beat.get("progress_time", 0), beat.get("phase_started", 0))
         )
@@ -131,6 +137,15 @@ def dashboard_data(run_dir: str | os.PathLike[str], now: float | None = None) ->
         "events": read_events(paths, last=8),
         "goodput": _goodput(paths, now, ckpt_dir),
     }
+
+
+def _controller_beat_ages(paths: RunPaths, now: float) -> dict[str, float]:
+    beat = read_beat(paths) or {}
+    ages = beat.get("node_beat_age")
+    since = beat_file_age(paths, now)
+    if not isinstance(ages, dict) or since is None:
+        return {}
+    return {str(h): float(a) + since for h, a in ages.items() if isinstance(a, (int, float))}
 
 
 def _goodput(paths: RunPaths, now: float, ckpt_dir: Path) -> dict[str, Any] | None:

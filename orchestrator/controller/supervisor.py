@@ -119,6 +119,7 @@ class Controller(JobTracking):
         self.state = ControllerState()
         self.timeouts = PhaseTimeouts.from_watchdog(cfg.watchdog)
         self.liveness = Liveness()
+        self._node_beat_age: dict[str, float] = {}
         self._timeouts_job: str | None = None
         self._job_wide_since: float | None = None
         self._scheduler_down_since: float | None = None
@@ -238,6 +239,7 @@ class Controller(JobTracking):
                 poll_seconds=self.cfg.watchdog.poll_seconds,
                 started_at=self._started_wall,
                 now=self.clock(),
+                node_beat_age=self._node_beat_age,
             )
         except OSError as exc:  # a full disk is reported by the pass itself; never stop supervising
             log.warning("cannot write %s: %s", self.paths.controller_heartbeat, exc)
@@ -276,7 +278,7 @@ class Controller(JobTracking):
     def _assess(self, running: JobRecord, beats: list[dict[str, Any]]) -> Assessment:
         mono = self.monotonic()
         views = self.liveness.observe(beats, running.job_id, mono)
-        return assess(
+        assessment = assess(
             views,
             job_id=running.job_id,
             job_seen_at=self.liveness.job_seen_at,
@@ -285,6 +287,8 @@ class Controller(JobTracking):
             dead_after=self.cfg.watchdog.dead_after_seconds,
             timeouts=self.timeouts,
         )
+        self._node_beat_age = assessment.host_beat_age
+        return assessment
 
     def _finish_pass(self, result: PassResult) -> PassResult:
         self.state.last_pass = result.time

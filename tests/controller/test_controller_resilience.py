@@ -213,3 +213,31 @@ def test_a_malformed_name_in_the_exclude_list_never_reaches_sbatch(tmp_path):
     (paths.control / "excluded-nodes.json").write_text(
         '{"nodes": {"node07": {}, "node02;touch /tmp/x": {}, "node\\n03": {}, "-rf": {}}}')
     assert excluded_nodes(paths) == ["node07"]
+
+
+def test_dashboard_shows_the_controllers_beat_ages_not_node_clocks(tmp_path):
+    """A node whose clock is an hour behind is not shown as an hour late while a controller that
+    saw its beats change runs; without a controller the dashboard can only use node clocks."""
+    from orchestrator.controller.lock import ControllerLock
+    from orchestrator.controller_heartbeat import read_beat, write_beat
+    from orchestrator.dashboard import dashboard_data
+
+    scheduler, clock = ScriptedScheduler(), Clock()
+    ctl = controller_in(tmp_path / "run", scheduler, clock)
+    ctl.start()
+    ctl.tick()  # submits job 100
+    for seq in range(3):
+        clock.sleep(0.1)
+        beats(ctl.paths, "100", seq)  # beat_time = seq: on the node's clock, ~30 years ago
+        ctl.tick()
+    ctl.stop()
+    paths = ctl.paths
+    seen = read_beat(paths)["node_beat_age"]  # what the controller itself wrote after its passes
+    assert sorted(seen) == ["node01", "node02", "node03", "node04"] and max(seen.values()) < 1.0, seen
+    write_beat(paths, passes=9, failing_passes=0, status="running", poll_seconds=0.1, started_at=0.0,
+               node_beat_age={f"node{r + 1:02d}": 0.1 for r in range(4)})
+    with ControllerLock(paths.root):
+        ages = {n: info["age"] for n, info in dashboard_data(paths.root)["nodes"].items()}
+    assert ages and all(age < 60 for age in ages.values()), ages
+    without = {n: info["age"] for n, info in dashboard_data(paths.root)["nodes"].items()}
+    assert all(age > 10**8 for age in without.values()), without

@@ -83,7 +83,7 @@ def test_doctor_pages_when_the_controller_stops_beating(run_env, webhook, monkey
     assert code == 1 and not jobless["findings"][1]["ok"] and "no job of it is queued or running" in jobless["findings"][1]["message"]
     assert len(received) == 2
     # A disk that cannot hold the next checkpoint is the third problem.
-    free = type("Usage", (), {"free": 1024})()
+    free = type("Usage", (), {"free": 0})()  # nothing fits, whether the size comes from a save or the planner
     monkeypatch.setattr("orchestrator.controller.disk.shutil.disk_usage", lambda _path: free)
     code, full = _doctor(capsys, ctl.paths.root, state_dir, "--stale-after", "1.0", "--grace", "0")
     print(full)
