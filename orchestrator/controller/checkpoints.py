@@ -75,11 +75,14 @@ def damaged_names(directory: Path) -> set[str]:
     return {str(r.get("checkpoint", "")) for r in read_jsonl(Path(directory) / DAMAGED_LOG_NAME)}
 
 
-def resume_point(directory: Path) -> tuple[CheckpointInfo | None, list[tuple[CheckpointInfo, str]]]:
-    """The checkpoint the next job will resume from, as far as the login node can tell without
-    reading bytes, and the newer ones it skips with the reason (reported, never deleted)."""
+def resume_point(
+    directory: Path, check_hashes: bool = False
+) -> tuple[CheckpointInfo | None, list[tuple[CheckpointInfo, str]]]:
+    """The checkpoint the next job will resume from, and the newer ones skipped with the reason
+    (reported, never deleted). The controller checks sizes only and trusts the ranks' damage
+    reports; `check_hashes=True` reads every byte, as the ranks do (tools and test trainers)."""
     skipped: list[tuple[CheckpointInfo, str]] = []
-    damaged = damaged_names(directory)
+    damaged = set() if check_hashes else damaged_names(directory)
     for path in resume_candidates(Path(directory)):
         info = _info(path)
         if info is None:
@@ -88,26 +91,8 @@ def resume_point(directory: Path) -> tuple[CheckpointInfo | None, list[tuple[Che
             skipped.append((info, "the ranks found it damaged (checkpoints/damaged.jsonl)"))
             continue
         try:
-            problems = verify_manifest(path, check_hashes=False)
+            problems = verify_manifest(path, check_hashes=check_hashes)
         except OSError as exc:  # removed while we looked (keep-last): not a candidate
-            problems = [f"vanished while checked: {exc.strerror}"]
-        if not problems:
-            return info, skipped
-        skipped.append((info, "; ".join(problems[:3])))
-    return None, skipped
-
-
-def newest_verified(directory: Path) -> tuple[CheckpointInfo | None, list[tuple[CheckpointInfo, str]]]:
-    """Like resume_point, but verifying every byte (sha256), as the ranks do: for tools and test
-    trainers, never for the controller's restart decision."""
-    skipped: list[tuple[CheckpointInfo, str]] = []
-    for path in resume_candidates(Path(directory)):
-        info = _info(path)
-        if info is None:
-            continue
-        try:
-            problems = verify_manifest(path)
-        except OSError as exc:
             problems = [f"vanished while checked: {exc.strerror}"]
         if not problems:
             return info, skipped

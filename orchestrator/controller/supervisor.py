@@ -32,11 +32,8 @@ from orchestrator.notify import notify
 from orchestrator.operators import check_trust, prepare_permissions
 from orchestrator.protocol import (
     DAMAGED_LOG_NAME,
-    DUMP_STACKS_REQUEST,
-    FLIGHT_RECORDER_PREFIX,
     JobState,
     RunPaths,
-    atomic_write_json,
     checkpoints_dir,
     read_jsonl,
     step_of,
@@ -68,6 +65,7 @@ from .liveness import Liveness
 from .lock import ControllerLock
 from .policy import exit_code_from_beats, on_findings, on_job_end
 from .recovery import Failure, plan_restart
+from .stacks import collect_stacks
 from .state import ControllerState, JobRecord, RunStatus, load_state, record_event, save_state
 from .submission import (
     Submitter,
@@ -532,55 +530,17 @@ class Controller(JobTracking):
         )
 
     def _dump_stacks(self, job_id: str) -> None:
-        """Ask the live ranks for their Python stacks before the job is cancelled."""
-        request = self.paths.accepted_request(DUMP_STACKS_REQUEST)  # only the controller may ask
-        asked = self.clock()
-        try:
-            atomic_write_json(request, {"time": asked, "job_id": job_id, "by": "controller"}, mode=0o664)
-        except OSError as exc:  # stacks are evidence, not a reason to delay the restart
-            self._event("stacks_not_dumped", job_id=job_id, error=str(exc))
-            return
-        deadline = self.monotonic() + self.stack_wait_seconds
-        files: list[str] = []
-        expected = self.cfg.world_size
-        while self.monotonic() < deadline:
-            files = self._fresh_stacks(asked)
-            if len(files) >= expected:
-                break
-            self.sleep(min(0.5, max(0.05, self.stack_wait_seconds / 10)))
-        files = self._fresh_stacks(asked)
-        request.unlink(missing_ok=True)
-        # GPU jobs: the NCCL flight recorder's per-rank dumps (written on an NCCL watchdog timeout,
-        # or when the trainer asks torch for one) sit beside the Python stacks.
-        recorder = self._flight_recorder_dumps(job_id)
-        self._event(
-            "stacks_dumped",
-            job_id=job_id,
-            files=files[:64],
-            ranks_answered=len(files),
-            ranks_expected=expected,
-            directory=str(self.paths.stacks),
-            flight_recorder=recorder[:64],
-            flight_recorder_dumps=len(recorder),
+        """Ask the live ranks for their Python stacks before the job is cancelled (stacks.py)."""
+        event, fields = collect_stacks(
+            self.paths,
+            job_id,
+            expected=self.cfg.world_size,
+            wait_seconds=self.stack_wait_seconds,
+            now=self.clock(),
+            monotonic=self.monotonic,
+            sleep=self.sleep,
         )
-
-    def _fresh_stacks(self, since: float) -> list[str]:
-        """Python stack dumps written since the request (flight-recorder files are listed apart)."""
-        try:
-            return sorted(
-                p.name
-                for p in self.paths.stacks.iterdir()
-                if not p.name.startswith(FLIGHT_RECORDER_PREFIX) and p.stat().st_mtime >= since - 1
-            )
-        except OSError:
-            return []
-
-    def _flight_recorder_dumps(self, job_id: str) -> list[str]:
-        prefix = self.paths.flight_recorder_prefix(job_id).name
-        try:
-            return sorted(p.name for p in self.paths.stacks.iterdir() if p.name.startswith(prefix))
-        except OSError:
-            return []
+        self._event(event, **fields)
 
     def _follow_recovery(self, assessment: Assessment) -> None:
         """Record the first training step after a restart (the end of the outage)."""

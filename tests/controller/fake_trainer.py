@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from orchestrator.controller.checkpoints import newest_verified  # noqa: E402
+from orchestrator.controller.checkpoints import resume_point  # noqa: E402
 from orchestrator.protocol import (  # noqa: E402
     ExitCode,
     Heartbeat,
@@ -127,7 +127,7 @@ class Rank:
 
     def resume_step(self) -> int:
         """Like the trainer: the first candidate that verifies by hash; damaged ones reported."""
-        info, skipped = newest_verified(self.paths.checkpoints)
+        info, skipped = resume_point(self.paths.checkpoints, check_hashes=True)
         if self.rank == 0:
             for bad, problem in skipped:
                 append_jsonl(self.paths.damaged, {"checkpoint": bad.path.name, "problems": [problem],
