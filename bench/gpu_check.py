@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -55,11 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         summary["parts"] = {name: {"status": "skipped", "why": "no CUDA GPU"} for name, _, _ in PARTS}
     else:
         print(f"gpu-check on {device}, budget {args.budget_seconds:.0f} s")
+        # The Makefile exports DS_ACCELERATOR=cpu (for the CPU tests); passed on, it would make
+        # train_step_gpu.py print "no CUDA GPU here; nothing measured" and exit 0, counted as passed.
+        env = {**os.environ, "DS_ACCELERATOR": "cuda"}
         for name, command, share in PARTS:
             limit = args.budget_seconds * share
             start = time.monotonic()
             try:
-                code = subprocess.call(command, cwd=REPO, timeout=limit)
+                code = subprocess.call(command, cwd=REPO, env=env, timeout=limit)
                 status = "passed" if code == 0 else f"failed (exit {code})"
             except subprocess.TimeoutExpired:
                 status = f"timed out after {limit:.0f} s"

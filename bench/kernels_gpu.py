@@ -203,16 +203,21 @@ def main(argv: list[str] | None = None) -> int:
     peak = _peak_gbs(name, args.peak_gbs)
     copy_gbs = _copy_gbs()
     rows: list[dict] = []
-    bench_elementwise_ops(ops, args.tokens, rows, peak, copy_gbs)
-    for s in (int(x) for x in args.seqs.split(",")):
-        bench_softmax(ops, s, rows, peak, copy_gbs)
-        bench_attention(ops, s, rows, args.max_materialized_seq)
     result = {"device": name, "peak_gbs": peak, "copy_gbs": copy_gbs, "torch": torch.__version__,
               "triton": triton.__version__, "rows": rows}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    write_markdown(out.with_suffix(".md"), result)
+
+    def write() -> None:  # after every section: a run stopped at its time limit keeps what it measured
+        out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+        write_markdown(out.with_suffix(".md"), result)
+
+    bench_elementwise_ops(ops, args.tokens, rows, peak, copy_gbs)
+    write()
+    for s in (int(x) for x in args.seqs.split(",")):
+        bench_softmax(ops, s, rows, peak, copy_gbs)
+        bench_attention(ops, s, rows, args.max_materialized_seq)
+        write()
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
     return 0
 

@@ -1,11 +1,13 @@
 """`make demo` (`python -m orchestrator.demo`): a training run that survives a GPU failure.
 
-1. bring up a local SLURM cluster: 4 nodes for the job + 1 spare, because the controller excludes
-   the failed node before it restarts (a real cluster keeps spares for the same reason);
-2. submit configs/demo-cpu-4node.yaml (tp=2 x pp=2, one rank per node) and watch it;
-3. halfway through (3 steps after a checkpoint, so that some work is lost), SIGKILL one rank (a simulated GPU failure) and show the detection and the
-   recovery: srun ends the job, the controller excludes the node and resubmits, the trainer
-   resumes from the last checkpoint;
+1. bring up a local SLURM cluster: 4 nodes for the job + 1 spare;
+2. submit configs/demo-cpu-4node.yaml (tp=2 x pp=2, one rank per node) with `cluster.spare_nodes: 1`:
+   the job holds all 5 nodes, checks their health, and trains on 4;
+3. halfway through (3 steps after a checkpoint, so that some work is lost), SIGKILL one rank (a
+   simulated GPU failure) and show the detection and the fast recovery: the launch ends, the
+   controller decides, and the job's launcher relaunches on the spare at once, from the warm
+   standby, inside the same job (no queue, no new job); the trainer resumes from the last
+   checkpoint;
 4. when training finishes, print the summary and where the report (loss curve PNG) is.
 
 Without root or Debian's SLURM packages it stops and says why. `--mock` (or RUNCTL_SCHEDULER=mock;
@@ -61,7 +63,10 @@ def prepare(args, run_dir: Path):
 
     cfg = load_config(args.config)
     # Every "node" is this machine: the ranks run this interpreter (it has torch and deepspeed).
-    cluster = cfg.cluster.model_copy(update={"python": sys.executable})
+    # On the real local cluster the job also holds its fifth node as a spare (the fast recovery
+    # path); the mocked SLURM runs the plain job script only (its srun shim has no steps).
+    spares = 0 if args.mock_in_use else 1
+    cluster = cfg.cluster.model_copy(update={"python": sys.executable, "spare_nodes": spares})
     cfg = cfg.model_copy(update={"cluster": cluster})
     if args.dataset:
         data = cfg.data.model_copy(
@@ -129,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("RUNCTL_MOCK_SLURM_DIR", str(run_dir.parent / ".mock-slurm"))
         scheduler = MockScheduler(directory=os.environ["RUNCTL_MOCK_SLURM_DIR"], execute=True)
 
+    args.mock_in_use = cluster is None
     cfg = prepare(args, run_dir)
     total = -(-cfg.train_samples // cfg.parallel.global_batch_size)
     job = submit_job(run_dir, cfg, scheduler, reason="demo")
@@ -183,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{_s(incident['failure_to_first_step_s'])}; resumed from step {incident['resume_step']}, "
             f"lost {incident['work_lost_steps']} step(s); excluded {incident['excluded'] or 'none'}"
         )
+        path = "inside the job, on a spare (no queue)" if incident["in_allocation"] else "job-level"
+        print(f"  recovery path: {path}: {incident['how']}")
     if summary["final_loss"] is not None:
         print(f"{summary['steps']} steps, final loss {summary['final_loss']:.4f}")
     print(

@@ -279,11 +279,11 @@ def timeline_of(paths: RunPaths, checkpoints_dir: Path | None = None) -> tuple[T
     the raw state (for the window's end)."""
     state = read_json(paths.state) or {}
     events = [e for e in read_jsonl(paths.events) if isinstance(e, dict)]
-    loads = {
-        str(e.get("job_id")): float(e.get("checkpoint_load_seconds") or 0.0)
-        for e in events
-        if e.get("event") == "job_training"
-    }
+    loads: dict[str, float] = {}  # per job, summed over its launches (a job with spares relaunches)
+    for e in events:
+        if e.get("event") == "job_training":
+            job_id = str(e.get("job_id"))
+            loads[job_id] = loads.get(job_id, 0.0) + float(e.get("checkpoint_load_seconds") or 0.0)
     tl = Timeline()
     for job in state.get("jobs", []) if isinstance(state, dict) else []:
         if not isinstance(job, dict) or job.get("submitted_at") is None:

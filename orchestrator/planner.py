@@ -14,8 +14,22 @@ formulas, and where they come from:
 - async-save snapshot (checkpoint.async_save): each rank copies what it writes to host RAM, at most
   its bf16 weights (2 B) + its ZeRO-1 share of fp32 master and Adam (12 B / dp) per parameter; a
   node holds gpus_per_node ranks of the biggest stage, plus SNAPSHOT_MARGIN;
-- checkpoint interval: Young/Daly, tau = sqrt(2 delta M) for save time delta and job MTBF M; goodput
-  ~ 1 - delta/tau - (tau/2 + R)/M with restart time R.
+- checkpoint interval: Young/Daly, tau = sqrt(2 delta M) for the save stall delta and job MTBF M
+  (of the training GPUs); goodput ~ 1 - delta/tau - (tau/2 + R)/M with mean restart time R. delta
+  is checkpoint.save_seconds for sync saves, save_seconds x checkpoint.async_stall_fraction for
+  async ones (the background write is assumed to end within an interval; a failure during it, like
+  one during a sync save, is not charged: ~save_seconds / M, 0.07% for BLOOM);
+- spares and restarts (see `spare_outlook`): a job holds nodes + spare_nodes for its time limit T.
+  Failures in it are Poisson with mean mu = T / M. The first spare_nodes of them are restarted on a
+  spare inside the job (watchdog.in_allocation_restart_minutes), the next one ends the job: a
+  job-level restart through the queue (watchdog.restart_minutes) with a fresh set of spares. Every
+  failure is taken to use up a spare (conservative: a crash with no node to blame could restart on
+  the same nodes); idle spares' own failures are ignored. So a job sees E[min(N, S + 1)] failures,
+  E[min(N, S)] of them on spares, and runs out of spares with probability P(N >= S + 1); R is the
+  mean of the two restart times weighted by those counts;
+- goodput is useful training time / wall time, of the training GPUs (the planner's `*_goodput`);
+  of the allocated GPUs it is that x nodes / (nodes + spare_nodes): idle spares are billed overhead.
+  GPU-hours are computed at 100% goodput; `allocated_gpu_hours` (what is billed) counts the spares.
 """
 
 from __future__ import annotations
@@ -70,7 +84,12 @@ class Plan:
     train_tokens: int
     iterations: float
     training_days: float
-    gpu_hours: float
+    gpu_hours: float  # on the training GPUs, at 100% goodput
+    nodes: int
+    spare_nodes: int
+    allocated_nodes: int  # nodes + spare_nodes: what each job holds and is billed for
+    allocated_gpu_hours: float  # gpu_hours x allocated / training nodes (spares idle but billed)
+    spare_gpu_hours: float
     bubble_fraction: float
     stages: list[StageMemory]
     max_memory_per_gpu_gib: float
@@ -82,10 +101,23 @@ class Plan:
     host_memory_gib: float
     checkpoint_interval_hours: float | None
     optimal_checkpoint_interval_hours: float
-    job_mtbf_hours: float
+    job_mtbf_hours: float  # of the training GPUs
+    save_seconds: float  # one whole save (checkpoint.save_seconds)
+    save_stall_seconds: float  # what one save stalls training (async: the snapshot, sync: the save)
+    job_hours: float  # cluster.time_limit
+    failures_per_job: float  # mu = job_hours / job_mtbf_hours
+    spares_used_per_job: float  # E[min(N, spare_nodes)], N ~ Poisson(mu)
+    out_of_spares_probability: float  # P(N >= spare_nodes + 1)
+    in_allocation_share: float  # of all failures, the share restarted on a spare inside the job
+    in_allocation_restart_hours: float
+    job_restart_hours: float
+    mean_restart_hours: float
     expected_work_lost_per_failure_hours: float
-    expected_goodput: float
-    optimal_goodput: float
+    expected_goodput: float  # of the training GPUs, at the configured interval
+    optimal_goodput: float  # of the training GPUs, at the Young/Daly interval
+    expected_goodput_allocated: float  # of all allocated GPUs: expected_goodput x nodes / allocated
+    optimal_goodput_allocated: float
+    expected_goodput_without_spares: float  # the same run with spare_nodes = 0, for comparison
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -228,6 +260,52 @@ def goodput(interval_hours: float, save_seconds: float, job_mtbf_hours: float, r
     return max(0.0, 1.0 - lost)
 
 
+# ----------------------------------------------------------------------------- failures and spares
+def time_limit_hours(time_limit: str) -> float:
+    """SLURM's `[days-]hours:minutes:seconds` (the only form the config accepts) in hours."""
+    days, _, clock = time_limit.rpartition("-")
+    hours, minutes, seconds = (int(part) for part in clock.split(":"))
+    return (int(days) if days else 0) * 24 + hours + minutes / 60 + seconds / 3600
+
+
+def poisson_at_least(mean: float, k: int) -> float:
+    """P(N >= k) for N ~ Poisson(mean)."""
+    if k <= 0:
+        return 1.0
+    term = below = math.exp(-mean)
+    for i in range(1, k):
+        term *= mean / i
+        below += term
+    return max(0.0, 1.0 - below)
+
+
+@dataclass(frozen=True)
+class SpareOutlook:
+    failures_per_job: float  # mu: expected failures of the training GPUs in one time limit
+    spares_used_per_job: float  # E[min(N, S)]
+    out_of_spares_probability: float  # P(N >= S + 1): the job ends on a failure with no spare left
+    in_allocation_share: float  # E[min(N, S)] / E[min(N, S + 1)]
+    mean_restart_hours: float  # the restart times weighted by the two shares
+
+
+def spare_outlook(
+    job_hours: float, job_mtbf_hours: float, spares: int, in_allocation_hours: float, job_restart_hours: float
+) -> SpareOutlook:
+    """Where failures go when a job holds `spares` spare nodes (the module docstring has the model).
+
+    E[min(N, S)] = sum_{k=1..S} P(N >= k): each k-th failure of a job uses the k-th spare."""
+    mu = job_hours / job_mtbf_hours
+    used = sum(poisson_at_least(mu, k) for k in range(1, spares + 1))
+    out = poisson_at_least(mu, spares + 1)
+    failures = used + out  # a job ends at its (S + 1)-th failure
+    if failures > 0:
+        share = used / failures
+    else:  # a zero time limit: no failure in a job; say what the first one would do
+        share = 1.0 if spares else 0.0
+    mean = share * in_allocation_hours + (1 - share) * job_restart_hours
+    return SpareOutlook(mu, used, out, share, mean)
+
+
 # ----------------------------------------------------------------------------- the plan
 def plan_run(
     cfg: RunConfig,
@@ -235,7 +313,11 @@ def plan_run(
     train_tokens: float | None = None,
     gpu_mtbf_hours: float | None = None,
     checkpoint_save_seconds: float | None = None,
+    spare_nodes: int | None = None,
+    in_allocation_restart_minutes: float | None = None,
+    async_stall_fraction: float | None = None,
 ) -> Plan:
+    """The plan of `cfg`; every keyword replaces the config's value of the same meaning."""
     m, p, c = cfg.model, cfg.parallel, cfg.cluster
     tflops = achieved_tflops_per_gpu or c.achieved_tflops_per_gpu
     parameters = count_parameters(cfg)
@@ -254,6 +336,8 @@ def plan_run(
     iterations = samples / p.global_batch_size
     total_seconds = iterations * seconds
     gpu_hours = total_seconds * c.gpus / 3600
+    spares = c.spare_nodes if spare_nodes is None else spare_nodes
+    allocated_nodes = c.nodes + spares
 
     stages = stage_memory(cfg)
     max_memory = max(s.total_gib for s in stages)
@@ -263,12 +347,26 @@ def plan_run(
     mtbf_gpu = gpu_mtbf_hours or c.gpu_mtbf_hours
     job_mtbf = mtbf_gpu / c.gpus
     save_seconds = checkpoint_save_seconds or cfg.checkpoint.save_seconds
-    restart_hours = cfg.watchdog.restart_minutes / 60
-    optimal = young_daly_interval_hours(save_seconds, job_mtbf)
+    stall_fraction = (
+        cfg.checkpoint.async_stall_fraction if async_stall_fraction is None else async_stall_fraction
+    )
+    stall_seconds = save_seconds * stall_fraction if cfg.checkpoint.async_save else save_seconds
+    job_restart_hours = cfg.watchdog.restart_minutes / 60
+    in_minutes = in_allocation_restart_minutes
+    in_allocation_hours = (
+        cfg.watchdog.in_allocation_restart_minutes if in_minutes is None else in_minutes
+    ) / 60
+    job_hours = time_limit_hours(c.time_limit)
+    outlook = spare_outlook(job_hours, job_mtbf, spares, in_allocation_hours, job_restart_hours)
+    restart_hours = outlook.mean_restart_hours
+    optimal = young_daly_interval_hours(stall_seconds, job_mtbf)
     interval = cfg.checkpoint.interval_hours
     if interval is None and cfg.checkpoint.interval_steps is not None:
         interval = cfg.checkpoint.interval_steps * seconds / 3600
     configured = interval if interval is not None else optimal
+    expected = goodput(configured, stall_seconds, job_mtbf, restart_hours)
+    optimal_goodput = goodput(optimal, stall_seconds, job_mtbf, restart_hours)
+    training_share = c.nodes / allocated_nodes  # idle spares: allocated, billed, not training
 
     problems: list[str] = []
     for stage in stages:
@@ -314,6 +412,11 @@ def plan_run(
         iterations=iterations,
         training_days=total_seconds / 86400,
         gpu_hours=gpu_hours,
+        nodes=c.nodes,
+        spare_nodes=spares,
+        allocated_nodes=allocated_nodes,
+        allocated_gpu_hours=gpu_hours / training_share,
+        spare_gpu_hours=total_seconds * spares * c.gpus_per_node / 3600,
         bubble_fraction=bubble,
         stages=stages,
         max_memory_per_gpu_gib=max_memory,
@@ -326,8 +429,21 @@ def plan_run(
         checkpoint_interval_hours=interval,
         optimal_checkpoint_interval_hours=optimal,
         job_mtbf_hours=job_mtbf,
+        save_seconds=save_seconds,
+        save_stall_seconds=stall_seconds,
+        job_hours=job_hours,
+        failures_per_job=outlook.failures_per_job,
+        spares_used_per_job=outlook.spares_used_per_job,
+        out_of_spares_probability=outlook.out_of_spares_probability,
+        in_allocation_share=outlook.in_allocation_share,
+        in_allocation_restart_hours=in_allocation_hours,
+        job_restart_hours=job_restart_hours,
+        mean_restart_hours=restart_hours,
         expected_work_lost_per_failure_hours=configured / 2 + restart_hours,
-        expected_goodput=goodput(configured, save_seconds, job_mtbf, restart_hours),
-        optimal_goodput=goodput(optimal, save_seconds, job_mtbf, restart_hours),
+        expected_goodput=expected,
+        optimal_goodput=optimal_goodput,
+        expected_goodput_allocated=expected * training_share,
+        optimal_goodput_allocated=optimal_goodput * training_share,
+        expected_goodput_without_spares=goodput(configured, stall_seconds, job_mtbf, job_restart_hours),
         problems=problems,
     )

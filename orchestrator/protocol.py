@@ -11,6 +11,9 @@ stdlib-only (no torch, no pydantic).
       events.jsonl                 what the controller saw and did
       audit.jsonl                  operator actions (append-only)
       jobs/<job_id>/               rendered sbatch script and job output
+      jobs/<job_id>/allocation.json  the in-allocation launcher's nodes, spares and launches
+      jobs/<job_id>/decisions/     the controller's decision after a failed launch (owner-only)
+      jobs/<job_id>/health/        per-node health-check results before the first launch
       jobs/submissions.jsonl       one line per submitted job (the ledger)
       jobs/last_seen.json          last state seen from the scheduler, per job
       heartbeats/rank-NNNNN.json   one per rank
@@ -54,6 +57,9 @@ class ExitCode(enum.IntEnum):
     KILLED = 17  # stopped by the kill switch after saving: never restart
     TIME_BUDGET = 18  # exit duration / pre-timeout signal reached, checkpoint saved: continue the chain
     CONFIG_ERROR = 19  # the trainer refused the config: restarting would fail the same way
+    # The in-allocation launcher found fewer healthy nodes than the run needs (allocation.json
+    # says which failed and why): a failure, restarted at job level without them.
+    UNHEALTHY_NODES = 20
 
     @classmethod
     def describe(cls, code: int | None) -> str:
@@ -200,6 +206,22 @@ class RunPaths:
     def job_dir(self, job_id: str | int) -> Path:
         return self.jobs / str(job_id)
 
+    def allocation(self, job_id: str | int) -> Path:
+        """The in-allocation launcher's record of its job (orchestrator/allocation.py)."""
+        return self.job_dir(job_id) / "allocation.json"
+
+    def launch_decision(self, job_id: str | int, launch: int) -> Path:
+        """The controller's decision about launch `launch` of a job (orchestrator/allocation.py)."""
+        return self.job_dir(job_id) / "decisions" / f"launch-{int(launch)}.json"
+
+    def launch_stderr(self, job_id: str | int, launch: int) -> Path:
+        """srun's stderr of one launch of the trainer inside a job (which task failed, where)."""
+        return self.job_dir(job_id) / f"launch-{int(launch)}.srun.stderr"
+
+    def health(self, job_id: str | int) -> Path:
+        """Per-node results of the health check before launch (trainer/health)."""
+        return self.job_dir(job_id) / "health"
+
     @property
     def submissions(self) -> Path:
         """The submission ledger: one line per submitted job (orchestrator.runs writes it)."""
@@ -303,6 +325,9 @@ class Heartbeat:
     # Bumped on every write: the controller judges liveness by whether a beat *changed*, on its
     # own monotonic clock, never by comparing a node's clock with the login node's.
     seq: int = 0
+    # Which launch of the trainer inside the job (RUNCTL_LAUNCH, set by trainer.in_allocation):
+    # a launch on a spare keeps the job id and the ranks, so this tells its beats from the last one's.
+    launch: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -51,9 +51,19 @@ def summarize(paths: RunPaths, now: float | None = None) -> dict[str, Any]:
     incidents = []
     firsts = [e for e in events if e["event"] == "first_step_after_restart"]
     for restart in (e for e in events if e["event"] == "restart"):
-        first = next((f for f in firsts if f["job_id"] == restart["job_id"]), None)
+        # The first step after *this* restart: a job with spares restarts inside itself, under one id.
+        first = next(
+            (
+                f
+                for f in firsts
+                if f["job_id"] == restart["job_id"] and f.get("time", 0) >= restart.get("time", 0)
+            ),
+            None,
+        )
         incidents.append({
             "cause": restart.get("cause"),
+            "in_allocation": bool(restart.get("in_allocation")),
+            "how": restart.get("how"),
             "failed_job": restart.get("failed_job_id"),
             "new_job": restart.get("job_id"),
             "detection_latency_s": _diff(restart.get("detection_time"), restart.get("failure_time")),

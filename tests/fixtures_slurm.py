@@ -27,11 +27,13 @@ def _ports_free(ports: list[int]) -> bool:
 
 def _free_port_base(nodes: int) -> tuple[int, int]:
     """(slurmctld port, first slurmd port), away from the default cluster's 16817/17001+."""
-    for base in range(26000, 40000, 500):
+    # From 30000: below it is MASTER_PORT's range (10000 + job id % 20000; the job ids of a test
+    # cluster start at FirstJobId, derived from its slurmctld port) and a slurmd there would clash.
+    for base in range(30000, 40000, 500):
         ctld, slurmd = base + 17, base + 101
         if _ports_free([ctld, *range(slurmd, slurmd + nodes)]):
             return ctld, slurmd
-    raise RuntimeError("no free port range for the test cluster between 26000 and 40000")
+    raise RuntimeError("no free port range for the test cluster between 30000 and 40000")
 
 
 @pytest.fixture(scope="session")

@@ -70,6 +70,7 @@ class HeartbeatWriter:
         self._seq = 0
         # SLURM keeps a requeued job's id; its restart count and our start time tell the beats apart.
         self._restart_count = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        self._launch = int(os.environ.get("RUNCTL_LAUNCH", "0") or 0)  # relaunches inside the job
         self._process_started = now
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -82,7 +83,12 @@ class HeartbeatWriter:
 
         `extra.step_seconds` is the duration of the steps since the last progress, per step, when
         nothing else (a save, an eval) happened in between: the controller learns its step timeout
-        from it and from nothing else."""
+        from it and from nothing else.
+
+        The loop also passes `compute_seconds` (this rank's compute time of step `compute_step`,
+        waits for peers excluded: trainer/compute_time.py) and `compute_group` (ranks with the
+        same pipeline stage and TP rank do the same work): the controller's straggler detection
+        compares them (orchestrator/controller/stragglers.py)."""
         with self._lock:
             now = time.time()
             if self._phase == Phase.STEP.value and step > self._step:
@@ -154,6 +160,7 @@ class HeartbeatWriter:
                 restart_count=self._restart_count,
                 process_started=self._process_started,
                 seq=self._next_seq(),
+                launch=self._launch,
             )
 
     def _next_seq(self) -> int:

@@ -19,6 +19,7 @@ import torch
 from orchestrator.protocol import ExitCode, Phase, RunPaths
 from trainer import checkpoint as ckpt
 from trainer import engine as eng
+from trainer.compute_time import ComputeClock
 from trainer.control import Controls, Decision
 from trainer.faults import Fault, FaultInjector, parse_faults
 from trainer.heartbeat import HeartbeatWriter
@@ -237,6 +238,11 @@ class Trainer:
         loader = build_data_loader(self.dataset, st.consumed_samples, cfg.parallel.micro_batch_size,
                                    self.dp_rank, cfg.dp)
         batches = pipe_batches(loader)
+        # Straggler detection: this rank's compute time per step, waits for peers excluded (compute_time.py);
+        # ranks of the same pipeline stage and TP rank do the same work: the controller compares them.
+        compute_clock = ComputeClock(self.engine, cuda=device is not None)
+        tp_rank, _, pp_rank = self.layout.coords_of(self.rank)
+        compute_group = f"pp{pp_rank}.tp{tp_rank}"
         target_samples = cfg.train_samples
         steps_this_run = 0
         last_saved_step = st.step
@@ -254,13 +260,15 @@ class Trainer:
             eng.set_global_batch(self.engine, global_batch)
             lr = self.lr_schedule.lr_at(st.lr_samples)
             eng.set_lr(self.engine, lr)
-            self.faults.before_step(st.step + 1)
+            compute_clock.start()
+            self.faults.before_step(st.step + 1)  # a `slow` fault's busy work counts as this rank's compute
             if self.ov.step_delay_seconds:
                 time.sleep(self.ov.step_delay_seconds)
             skipped_before = self.engine.skipped_steps
             started = time.time()
             loss = float(self.engine.train_batch(batches))
             seconds = time.time() - started
+            compute_seconds = compute_clock.stop()
             skipped = eng.step_was_skipped(self.engine, skipped_before)
             st.step += 1
             st.consumed_samples += global_batch
@@ -278,7 +286,8 @@ class Trainer:
             )
             if skipped:
                 log(self.rank, f"step {st.step}: non-finite gradient norm, step SKIPPED (total {st.skipped_total})")
-            self.hb.progress(st.step, loss=record["loss"], consumed_samples=st.consumed_samples)
+            self.hb.progress(st.step, loss=record["loss"], consumed_samples=st.consumed_samples,
+                             compute_seconds=compute_seconds, compute_step=st.step, compute_group=compute_group)
 
             decision: Decision = self.controls.agree()
             interval = cfg.checkpoint.interval_steps

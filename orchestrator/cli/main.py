@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "report_cmd",
     "doctor_cmd",
     "metrics_cmd",
+    "aux_cmd",
 ]
 
 

@@ -15,6 +15,70 @@ def _si(value: float) -> str:
     return f"{value:.3g}"
 
 
+def _allocation(plan: Plan) -> str:
+    per_node = plan.gpus // plan.nodes
+    if not plan.spare_nodes:
+        return f"{plan.nodes} nodes, no spares (cluster.spare_nodes: 0), {plan.gpus} GPUs"
+    return (
+        f"{plan.nodes} nodes + {plan.spare_nodes} spares = {plan.allocated_nodes} allocated "
+        f"({plan.allocated_nodes * per_node} GPUs, {plan.gpus} training)"
+    )
+
+
+def _gpu_hours(plan: Plan) -> str:
+    text = f"{plan.allocated_gpu_hours:,.0f} allocated (billed)"
+    if plan.spare_nodes:
+        text += f" = {plan.gpu_hours:,.0f} training + {plan.spare_gpu_hours:,.0f} idle spares"
+    return text + ", at 100% goodput"
+
+
+def _save_stall(plan: Plan) -> str:
+    if not plan.async_save:
+        return f"{plan.save_stall_seconds:.0f} s per save (sync: training waits for the whole save)"
+    return (
+        f"{plan.save_stall_seconds:.0f} s per save (async: the host snapshot, "
+        f"{plan.save_stall_seconds / plan.save_seconds:.0%} of the {plan.save_seconds:.0f} s save, "
+        "checkpoint.async_stall_fraction)"
+    )
+
+
+def _goodputs(plan: Plan, training: float, allocated: float) -> str:
+    if not plan.spare_nodes:
+        return f"{training:.1%}"
+    return f"{training:.1%} of the training GPUs, {allocated:.1%} of the allocated GPUs"
+
+
+def _failure_rows(plan: Plan) -> list[tuple[str, str]]:
+    rows = [
+        (
+            "failures per job",
+            f"{plan.failures_per_job:.2f} expected in a {plan.job_hours:g} h job "
+            f"(job MTBF {plan.job_mtbf_hours:.0f} h on the {plan.gpus} training GPUs)",
+        )
+    ]
+    job = f"{plan.job_restart_hours * 60:.0f} min (watchdog.restart_minutes)"
+    if not plan.spare_nodes:
+        return [
+            *rows,
+            ("restart", f"every failure job-level through the queue, {job}; no cluster.spare_nodes"),
+        ]
+    inside = f"{plan.in_allocation_restart_hours * 60:.0f} min (watchdog.in_allocation_restart_minutes)"
+    return [
+        *rows,
+        (
+            "spares per job",
+            f"{plan.spares_used_per_job:.2f} of {plan.spare_nodes} used on average; a job runs out of spares "
+            f"with probability {plan.out_of_spares_probability:.2%}",
+        ),
+        (
+            "restart",
+            f"{plan.in_allocation_share:.1%} of failures on a spare inside the job, {inside}; "
+            f"{1 - plan.in_allocation_share:.1%} job-level through the queue, {job}; "
+            f"{plan.mean_restart_hours * 60:.1f} min on average",
+        ),
+    ]
+
+
 def print_plan(name: str, plan: Plan, console: Console | None = None) -> None:
     console = console or Console()
     summary = Table(title=f"plan: {name}", show_header=False, box=None)
@@ -41,7 +105,8 @@ def print_plan(name: str, plan: Plan, console: Console | None = None) -> None:
             f"{plan.train_samples:,} samples = {_si(plan.train_tokens)} tokens, "
             f"{plan.iterations:,.0f} iterations, {plan.training_days:.1f} days",
         ),
-        ("GPU-hours", f"{plan.gpu_hours:,.0f}"),
+        ("allocation", _allocation(plan)),
+        ("GPU-hours", _gpu_hours(plan)),
         (
             "memory per GPU (max)",
             f"{plan.max_memory_per_gpu_gib:.1f} GiB of {plan.gpu_memory_gib:g} GiB",
@@ -53,22 +118,40 @@ def print_plan(name: str, plan: Plan, console: Console | None = None) -> None:
             f"{'async' if plan.async_save else 'async (off: sync saves)'} checkpoint snapshot "
             f"({plan.snapshot_gib_per_rank:.1f} GiB per rank)",
         ),
+        *_failure_rows(plan),
+        ("save stall", _save_stall(plan)),
         (
             "checkpoint interval",
             "steps-based only"
             if plan.checkpoint_interval_hours is None
-            else f"{plan.checkpoint_interval_hours:.2f} h configured, expected goodput {plan.expected_goodput:.1%}",
+            else f"{plan.checkpoint_interval_hours:.2f} h configured: goodput {_goodputs(plan, plan.expected_goodput, plan.expected_goodput_allocated)}",
         ),
         (
             "optimal interval (Young/Daly)",
-            f"{plan.optimal_checkpoint_interval_hours:.2f} h, goodput {plan.optimal_goodput:.1%} "
-            f"(job MTBF {plan.job_mtbf_hours:.0f} h)",
+            f"{plan.optimal_checkpoint_interval_hours:.2f} h: goodput {_goodputs(plan, plan.optimal_goodput, plan.optimal_goodput_allocated)}",
         ),
-        ("work lost per failure", f"{plan.expected_work_lost_per_failure_hours:.2f} h on average"),
+        (
+            "work lost per failure",
+            f"{plan.expected_work_lost_per_failure_hours:.2f} h on average (half an interval + restart)",
+        ),
     ]
+    if plan.spare_nodes:
+        gain = plan.expected_goodput - plan.expected_goodput_without_spares
+        rows.append(
+            (
+                "without spares",
+                f"goodput {plan.expected_goodput_without_spares:.1%} (every failure job-level): the "
+                f"{plan.spare_nodes} spares add {100 * gain:.2f} points on the training GPUs and cost "
+                f"{plan.spare_nodes / plan.allocated_nodes:.1%} of the allocation",
+            )
+        )
     for key, value in rows:
         summary.add_row(key, value)
     console.print(summary)
+    console.print(
+        "goodput = useful training time / wall time. Of the training GPUs: what the model's own GPUs "
+        "achieve; of the allocated GPUs: the same x nodes / (nodes + spares), idle spares are billed."
+    )
 
     stages = Table(title="memory per GPU by pipeline stage (GiB)")
     for column in (

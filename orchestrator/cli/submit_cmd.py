@@ -111,10 +111,17 @@ def run_status(args: argparse.Namespace) -> int:
 
     rows = job_table(run_dir, get_scheduler())
     dashboard = dashboard_data(run_dir)
+    stragglers = straggler_scores(run_dir)
     if args.json:
         print(
             json.dumps(
-                {"run_dir": str(run_dir.resolve()), "name": cfg.name, "jobs": rows, "dashboard": dashboard},
+                {
+                    "run_dir": str(run_dir.resolve()),
+                    "name": cfg.name,
+                    "jobs": rows,
+                    "dashboard": dashboard,
+                    "stragglers": stragglers,
+                },
                 indent=2,
                 default=str,
             )
@@ -130,7 +137,49 @@ def run_status(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     Console().print(render_dashboard(run_dir, dashboard))
+    for line in format_straggler_table(stragglers):
+        print(line)
     return EXIT_OK
+
+
+def straggler_scores(run_dir: Path) -> dict:
+    """The controller's last per-node straggler scores (state.json, controller/stragglers.py)."""
+    from orchestrator.controller.state import load_state
+    from orchestrator.protocol import RunPaths
+
+    return load_state(RunPaths.of(run_dir)).stragglers or {}
+
+
+def format_straggler_table(scores: dict) -> list[str]:
+    """Slowest nodes first: score = compute time per step over its peers' median (vs_median) or
+    its own history (vs_history), whichever is larger; STRAGGLER once it stayed past the threshold."""
+    nodes = scores.get("nodes") or {}
+    if not isinstance(nodes, dict) or not nodes:
+        return []
+    from orchestrator.textsafe import for_terminal
+
+    def key(item):
+        score = item[1].get("score") if isinstance(item[1], dict) else None
+        return -score if isinstance(score, (int, float)) else 0.0
+
+    flagged = [n for n, v in nodes.items() if isinstance(v, dict) and v.get("straggler")]
+    lines = [
+        f"stragglers (job {for_terminal(scores.get('job_id'))}, step {scores.get('step')}, threshold "
+        f"{scores.get('threshold')}x): {', '.join(for_terminal(n) for n in flagged) or 'none'}",
+        "  NODE          SCORE  VS_MEDIAN  VS_HISTORY  COMPUTE_S  SLOW_FOR_S",
+    ]
+    for node, v in sorted(nodes.items(), key=key)[:10]:
+        if not isinstance(v, dict):
+            continue
+        cells = [
+            v.get(k) for k in ("score", "vs_median", "vs_history", "compute_seconds", "slow_for_seconds")
+        ]
+        text = "  ".join(f"{c:>9.3f}" if isinstance(c, (int, float)) else f"{'-':>9}" for c in cells)
+        mark = "  STRAGGLER" if v.get("straggler") else ""
+        lines.append(f"  {for_terminal(node)[:12]:<12}{text}{mark}")
+    if len(nodes) > 10:
+        lines.append(f"  ... {len(nodes) - 10} more node(s) (--json for all)")
+    return lines
 
 
 def run_cancel(args: argparse.Namespace) -> int:

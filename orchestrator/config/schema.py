@@ -71,11 +71,19 @@ class ClusterConfig(Section):
     python: SafePath = "python3"
     # Failures per GPU-hour drive the checkpoint-interval optimisation (BLOOM: 1-2 a week on 384 GPUs).
     gpu_mtbf_hours: PositiveFloat = 50000.0
+    # Nodes allocated beside `nodes` and kept idle: a failed node is replaced by one inside the
+    # same job (a new srun step, no queue wait) while spares last (BLOOM kept 4 beside its 48).
+    # 0: every failure is a job-level restart through the queue.
+    spare_nodes: Annotated[int, Field(ge=0, le=64)] = 0
 
     @field_validator("env")
     @classmethod
     def _env_values_printable(cls, env: dict[str, str]) -> dict[str, str]:
         for name, value in env.items():
+            if name == "TRAINER_FAULT":  # test-only (trainer/faults.py): never from a run config
+                raise ValueError(
+                    "env.TRAINER_FAULT: fault injection is set by a test's environment, not a config"
+                )
             if not isinstance(value, str):
                 raise ValueError(f"env.{name}: value must be a string (quote it in YAML), got {value!r}")
             if any(ch in value for ch in "\n\r\x00"):
@@ -207,6 +215,10 @@ class CheckpointConfig(Section):
     # Snapshot to host memory at the save point and write in the background (trainer.async_checkpoint):
     # training stalls for the copy, not the write. Costs host RAM (the planner checks it fits).
     async_save: bool = False
+    # The training stall of an async save as a fraction of save_seconds, for the planner's goodput
+    # and Young/Daly interval. 0.1: bench/async_checkpoint.py measured 0.094 (a 382 MB model) and
+    # 0.13 (2 MB) on CPU (bench/results/async_checkpoint.json); replace it with your cluster's.
+    async_stall_fraction: Annotated[float, Field(gt=0, le=1)] = 0.1
 
     @model_validator(mode="after")
     def _some_cadence(self) -> CheckpointConfig:
@@ -235,6 +247,52 @@ class WatchdogConfig(Section):
     max_excluded_per_incident: PositiveInt = 2
     # Expected minutes from a failure to training again (detect + requeue + init): for the planner.
     restart_minutes: PositiveFloat = 30.0
+    # Straggler detection (controller/stragglers.py): a node whose compute time per step is at
+    # least this many times its peers' median (or its own history) for straggler_seconds is a
+    # straggler: an event and a notification; straggler_exclude also excludes it from the next job.
+    straggler_threshold: Annotated[float, Field(gt=1.0, le=10.0)] = 1.2
+    straggler_seconds: TimeoutSeconds = 600.0
+    straggler_exclude: bool = False
+    # Expected minutes from a failure to training again when a spare node takes over inside the
+    # same job (cluster.spare_nodes; no queue wait, the next launch's imports already done by its
+    # warm standby): for the planner. Measured on the local cluster (bench/recovery_paths.py):
+    # 6.2 s against 20.7 s for a job-level restart of the same failure. At BLOOM's scale detection
+    # (20 s for a crash, 210 s for a lost node), DeepSpeed's set-up of 384 ranks and the load of a
+    # 2.3 TB checkpoint remain: 3 min assumes a fast parallel filesystem; set your cluster's.
+    in_allocation_restart_minutes: PositiveFloat = 3.0
+    # With spares: how long the job's launcher waits for the controller's decision after a failed
+    # launch before it ends the job (a job-level restart then follows). Covers a few slow passes
+    # (poll_seconds each, squeue timing out) but not a dead controller: idle GPUs cost more.
+    relaunch_decision_seconds: TimeoutSeconds = 120.0
+
+
+# One argv item of health_check.command: printable, one line (it is never given to a shell).
+ArgvItem = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+class HealthCheckConfig(Section):
+    """`python -m trainer.health`, run on every allocated node before the trainer starts
+    (docs/oncall.md, "Node health checks"): a node that fails is excluded and replaced by a spare."""
+
+    enabled: bool = True
+    min_free_memory_gib: NonNegativeFloat = 4.0  # MemAvailable of /proc/meminfo
+    # The whole check, all-reduce included; a node that cannot join within it is named. At least
+    # 30 s: importing torch alone takes seconds (more from a shared filesystem or a loaded node).
+    timeout_seconds: Annotated[float, Field(ge=30.0, le=3600.0)] = 180.0
+    # With more than one GPU per node, every NVLink link must be up (false for PCIe-only nodes).
+    require_nvlink: bool = True
+    # A site's own check as an argv list (no shell), replacing the built-in node checks (the
+    # all-reduce still runs): exit 0 = healthy, else the tail of its stderr is the reason.
+    command: Annotated[list[ArgvItem], Field(min_length=1, max_length=64)] | None = None
+
+    @field_validator("command")
+    @classmethod
+    def _program_absolute_or_on_path(cls, command: list[str] | None) -> list[str] | None:
+        if command and "/" in command[0] and not command[0].startswith("/"):
+            raise ValueError(
+                f"command[0] = {command[0]!r}: give an absolute path or a bare name found on PATH"
+            )
+        return command
 
 
 class OperatorsConfig(Section):
@@ -252,7 +310,9 @@ class EmailConfig(Section):
 class NotificationsConfig(Section):
     webhook: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
     email: EmailConfig | None = None
-    events: list[Literal["failure", "hang", "restart", "kill", "crash_loop", "finish", "disk"]] = [
+    events: list[
+        Literal["failure", "hang", "restart", "kill", "crash_loop", "finish", "disk", "straggler"]
+    ] = [
         "failure",
         "hang",
         "restart",
@@ -260,6 +320,7 @@ class NotificationsConfig(Section):
         "crash_loop",
         "finish",
         "disk",
+        "straggler",
     ]
     timeout_seconds: Seconds = 10.0
 
@@ -276,6 +337,7 @@ class RunConfig(Section):
     watchdog: WatchdogConfig = WatchdogConfig()
     operators: OperatorsConfig = OperatorsConfig()
     notifications: NotificationsConfig = NotificationsConfig()
+    health_check: HealthCheckConfig = HealthCheckConfig()
 
     # Derived quantities: computed here once so that no caller re-derives them differently.
     @property

@@ -62,6 +62,16 @@ class Restart:
 
 
 @dataclass(frozen=True)
+class Relaunch(Restart):
+    """Run again from `resume_step` inside the running job: the launcher leaves out `leave_out`
+    (maybe none), takes as many spares and starts launch `launch` + 1 (orchestrator/allocation.py)."""
+
+    launch: int = 0  # the launch that failed
+    leave_out: tuple[str, ...] = ()
+    spares_left: int = 0  # after this relaunch
+
+
+@dataclass(frozen=True)
 class Submit:
     reason: str
 
@@ -108,6 +118,7 @@ Action = (
     | DumpStacks
     | Exclude
     | Restart
+    | Relaunch
     | Submit
     | Stop
     | SetStatus

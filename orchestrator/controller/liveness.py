@@ -10,11 +10,12 @@ A rank is dead when its beat has not changed for `dead_after` seconds of that cl
 progress has not changed for its phase's timeout. The only price: a controller that starts (or
 restarts) knows nothing yet, so its first verdicts come `dead_after` after it started, never early.
 
-Incarnations: SLURM keeps the job id across a requeue, and the old incarnation's heartbeat files
-stay until the new ranks overwrite them. Every beat carries `restart_count` (SLURM_RESTART_COUNT):
-only beats of the newest incarnation seen for the job count; when a newer one appears, every rank's
-memory is dropped and the "job seen running" time starts again, so the old beats can neither look
-dead nor count as progress.
+Incarnations: SLURM keeps the job id across a requeue, and a relaunch on a spare inside the job
+(trainer.in_allocation) keeps it too; the old incarnation's heartbeat files stay until the new
+ranks overwrite them. Every beat carries `restart_count` (SLURM_RESTART_COUNT) and `launch`
+(RUNCTL_LAUNCH): only beats of the newest (restart_count, launch) seen for the job count; when a
+newer one appears, every rank's memory is dropped and the "job seen running" time starts again, so
+the old beats can neither look dead nor count as progress.
 
 Cost: one dict lookup and two tuple comparisons per rank per pass.
 """
@@ -43,9 +44,13 @@ def progress_key(beat: dict[str, Any]) -> tuple:
     return (beat.get("step"), beat.get("progress_time"), beat.get("phase"), beat.get("phase_started"))
 
 
-def _restart_count(beat: dict[str, Any]) -> int:
-    value = beat.get("restart_count", 0)
+def _count(beat: dict[str, Any], name: str) -> int:
+    value = beat.get(name, 0)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _incarnation(beat: dict[str, Any]) -> tuple[int, int]:
+    return (_count(beat, "restart_count"), _count(beat, "launch"))
 
 
 class Liveness:
@@ -53,21 +58,24 @@ class Liveness:
 
     def __init__(self) -> None:
         self.job_id: str | None = None
-        self.incarnation = -1
-        self.min_incarnation = 0
+        self.incarnation: tuple[int, int] = (-1, -1)
+        self.min_incarnation: tuple[int, int] = (0, 0)
         self.job_seen_at: float | None = None  # monotonic: first pass that saw this incarnation running
         self.ranks: dict[int, RankView] = {}
 
     def reset(self, job_id: str | None) -> None:
         self.job_id = job_id
-        self.incarnation, self.min_incarnation = -1, 0
+        self.incarnation, self.min_incarnation = (-1, -1), (0, 0)
         self.job_seen_at = None
         self.ranks = {}
 
-    def expect_new_incarnation(self) -> None:
-        """SLURM requeued the job (it went back to pending, or its start time changed): the beats
-        on disk are the old incarnation's until the new ranks overwrite them."""
-        self.min_incarnation = max(self.min_incarnation, self.incarnation + 1)
+    def expect_new_incarnation(self, after_launch: int | None = None) -> None:
+        """SLURM requeued the job (it went back to pending, or its start time changed), or the
+        controller decided to relaunch the trainer inside it after launch `after_launch`: the
+        beats on disk are the old incarnation's until the new ranks overwrite them."""
+        restarts = max(self.incarnation[0], 0)
+        after = (restarts, after_launch + 1) if after_launch is not None else (self.incarnation[0] + 1, 0)
+        self.min_incarnation = max(self.min_incarnation, after)
         self.job_seen_at = None
         self.ranks = {}
 
@@ -85,16 +93,16 @@ class Liveness:
             for b in beats
             if isinstance(b, dict)
             and str(b.get("job_id")) == job_id
-            and _restart_count(b) >= self.min_incarnation
+            and _incarnation(b) >= self.min_incarnation
         ]
-        newest = max((_restart_count(b) for b in mine), default=-1)
+        newest = max((_incarnation(b) for b in mine), default=(-1, -1))
         if newest > self.incarnation:
             if self.ranks:  # a requeue we had not heard of from SLURM: start over
                 self.ranks = {}
                 self.job_seen_at = now
             self.incarnation = newest
         for beat in mine:
-            if _restart_count(beat) != self.incarnation:
+            if _incarnation(beat) != self.incarnation:
                 continue
             rank = beat.get("rank")
             if not isinstance(rank, int) or isinstance(rank, bool):

@@ -2,7 +2,10 @@
 to actions. Pure: the supervisor gathers the inputs and applies the actions.
 
 - A dead, missing or hung rank in the running job: record the failure, notify, ask for stacks,
-  cancel the job, and hand over to recovery (restart or crash-loop stop).
+  and hand over to recovery (relaunch inside the job on a spare, or cancel it and restart, or
+  stop a crash loop).
+- A launch that failed inside a job with spares (its launcher waits for a decision): the same,
+  blaming the task srun reports as killed by a signal.
 - At least half of the ranks dead at once (a filesystem stall freezes every heartbeat; a requeue
   leaves old beats): wait one more `dead_after` before acting, in case it clears by itself; then
   restart without blaming any node.
@@ -17,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.allocation import Allocation
 from orchestrator.protocol import ExitCode, JobState, Outcome, classify_end
 
 from .actions import Action, Cancel, DumpStacks, Notify, Record, Stop
@@ -111,8 +115,8 @@ def on_findings(
             {"job_id": job.job_id, "ranks": sample[:8]},
         ),
         DumpStacks(job.job_id),
-        Cancel((job.job_id,), f"failed ({cause})"),
     ]
+    # The job still runs: recovery cancels it, or relaunches inside it when it has spares.
     failure = Failure(
         job.job_id,
         cause,
@@ -120,6 +124,7 @@ def on_findings(
         assessment.max_step,
         tuple(culprit_nodes),
         {"ranks_affected": len(findings)},
+        job_running=True,
     )
     return RankFailureVerdict(actions, failure)
 
@@ -152,7 +157,9 @@ def on_job_end(
     stale_nodes: list[str],
     wall_now: float,
     queued_job_ids: list[str],
+    unhealthy_nodes: tuple[str, ...] = (),
 ) -> tuple[Outcome, list[Action], Failure | None]:
+    """`unhealthy_nodes`: nodes the job's launcher found unhealthy before launching (blamed too)."""
     outcome = classify_end(record.state, exit_code)
     actions: list[Action] = [
         Record(
@@ -200,8 +207,7 @@ def on_job_end(
             )
         )
         return outcome, actions, None
-    signalled = bool(srun_host and srun_says and ("Killed" in srun_says or "signal" in srun_says.lower()))
-    culprits = [srun_host] if signalled and srun_host else []
+    culprits = signalled_culprit(srun_host, srun_says) + list(unhealthy_nodes)
     if record.state == JobState.NODE_FAIL.value:
         # SLURM says a node of the job failed, not which: the one whose ranks stopped beating
         # first (the per-incident cap still applies).
@@ -245,3 +251,57 @@ def on_job_end(
             {"exit_code": exit_code, "srun_says": srun_says},
         ),
     )
+
+
+def signalled_culprit(srun_host: str | None, srun_says: str | None) -> list[str]:
+    """The node of the task srun reports killed by a signal (OOM killer, a dying node): blamed.
+    A task that exited with a code is not blamed: its peers exit too when one dies, and a bug
+    fails the same way on every node."""
+    signalled = bool(srun_host and srun_says and ("Killed" in srun_says or "signal" in srun_says.lower()))
+    return [srun_host] if signalled and srun_host else []
+
+
+def on_launch_failed(
+    job: JobRecord,
+    allocation: Allocation,
+    *,
+    srun_host: str | None,
+    srun_says: str | None,
+    last_step: int | None,
+    wall_now: float,
+    failure_time: float,
+) -> tuple[list[Action], Failure]:
+    """A launch inside a job with spares failed and its launcher waits for a decision: the
+    failure as on a job end, then recovery decides (relaunch on a spare, or job level)."""
+    culprits = signalled_culprit(srun_host, srun_says)
+    detail = {
+        "job_id": job.job_id,
+        "cause": "launch_failed",
+        "launch": allocation.launch,
+        "exit_code": allocation.exit_code,
+        "failure_time": failure_time,
+        "detection_time": wall_now,
+        "last_step": last_step,
+        "srun_says": srun_says,
+        "host": srun_host,
+        "nodes": allocation.nodes,
+    }
+    actions: list[Action] = [
+        Record("failure", detail),
+        Notify(
+            "failure",
+            f"job {job.job_id}: launch {allocation.launch} failed (exit {allocation.exit_code}; "
+            f"{srun_says or 'no srun detail'})",
+            {"job_id": job.job_id, "exit_code": allocation.exit_code, "host": srun_host},
+        ),
+    ]
+    failure = Failure(
+        job.job_id,
+        "launch_failed",
+        failure_time,
+        last_step,
+        tuple(culprits),
+        {"exit_code": allocation.exit_code, "srun_says": srun_says, "launch": allocation.launch},
+        job_running=True,
+    )
+    return actions, failure

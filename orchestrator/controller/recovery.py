@@ -10,6 +10,10 @@ Rules:
   job, the filesystem or the network, not the nodes).
 - Lost work: the steps and the seconds since the resume checkpoint was saved, recomputed after
   the restart.
+- Where: inside the running job when it has spares (orchestrator/allocation.py): its launcher
+  leaves out the excluded nodes, takes as many spares and launches again, with no queue wait.
+  Otherwise (no launcher, too few spares left, the job gone) at job level: the failed job is
+  cancelled if it still runs, and the queued successor or a new job restarts the run.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .actions import Action, Cancel, Exclude, Record, Restart, Stop
+from orchestrator.allocation import Allocation
+
+from .actions import Action, Cancel, Exclude, Record, Relaunch, Restart, Stop
 from .checkpoints import CheckpointInfo
 from .detection import culprit_nodes
 from .state import ControllerState, RunStatus
@@ -33,6 +39,7 @@ class Failure:
     last_step: int | None
     culprits: tuple[str, ...] = ()  # node names to blame (before the per-incident cap)
     evidence: dict[str, Any] = field(default_factory=dict)
+    job_running: bool = False  # the failed job still holds its allocation (cancel it, or relaunch in it)
 
 
 def plan_restart(
@@ -42,7 +49,10 @@ def plan_restart(
     resume: CheckpointInfo | None,
     skipped: list[tuple[CheckpointInfo, str]],
     queued_job_ids: list[str],
+    allocation: Allocation | None = None,
 ) -> list[Action]:
+    """`allocation`: the failed job's launcher record when it has one (jobs with spares)."""
+    cancel_failed = [Cancel((failure.job_id,), f"failed ({failure.cause})")] if failure.job_running else []
     actions: list[Action] = [
         Record(
             "checkpoint_corrupt",
@@ -61,6 +71,7 @@ def plan_restart(
         without_progress = 0  # a new checkpoint since the last restart: the run is moving
     limit = watchdog.max_restarts_without_progress
     if without_progress >= limit:
+        actions.extend(cancel_failed)
         if queued_job_ids:
             actions.append(Cancel(tuple(queued_job_ids), "cancelled (crash loop)"))
         actions.append(
@@ -92,15 +103,42 @@ def plan_restart(
     work_lost_seconds = None
     if resume is not None and resume.saved_at is not None:
         work_lost_seconds = max(0.0, failure.failure_time - resume.saved_at)
-    actions.append(
-        Restart(
-            failed_job_id=failure.job_id,
-            cause=failure.cause,
-            failure_time=failure.failure_time,
-            last_step=failure.last_step,
-            resume_step=resume_step,
-            work_lost_seconds=work_lost_seconds,
-            restarts_without_progress=without_progress + 1,
-        )
+    common = dict(
+        failed_job_id=failure.job_id,
+        cause=failure.cause,
+        failure_time=failure.failure_time,
+        last_step=failure.last_step,
+        resume_step=resume_step,
+        work_lost_seconds=work_lost_seconds,
+        restarts_without_progress=without_progress + 1,
     )
+    inside, why_not = _relaunch_possible(failure, allocation, nodes)
+    if inside:
+        assert allocation is not None
+        spares_left = len(allocation.spares) - len(nodes)
+        actions.append(
+            Relaunch(**common, launch=allocation.launch, leave_out=tuple(nodes), spares_left=spares_left)
+        )
+        return actions
+    if why_not:
+        actions.append(Record("relaunch_not_possible", {"job_id": failure.job_id, "why": why_not}))
+    actions.extend(cancel_failed)
+    actions.append(Restart(**common))
     return actions
+
+
+def _relaunch_possible(
+    failure: Failure, allocation: Allocation | None, leave_out: list[str]
+) -> tuple[bool, str]:
+    """(True, "") when the failed job's launcher can relaunch on its own spares; else why not
+    ("" when the job has no launcher at all: a job without spares)."""
+    if allocation is None or allocation.job_id != failure.job_id:
+        return False, ""
+    if not failure.job_running or allocation.state not in ("running", "waiting_decision"):
+        return False, f"the job's launcher is {allocation.state}, not waiting for a decision"
+    if len(leave_out) > len(allocation.spares):
+        return False, (
+            f"{len(leave_out)} node(s) to leave out ({', '.join(leave_out)}), "
+            f"{len(allocation.spares)} spare(s) left in the job"
+        )
+    return True, ""

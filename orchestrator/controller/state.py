@@ -99,6 +99,8 @@ class ControllerState:
     recovering: dict[str, Any] | None = None
     disk_level: str = "ok"
     damage_reports_seen: int = 0  # lines of checkpoints/damaged.jsonl already relayed as events
+    unhealthy_relayed: list[str] = field(default_factory=list)  # "<job>:<node>" health failures relayed
+    stragglers: dict[str, Any] = field(default_factory=dict)  # per-node scores (stragglers.py), for status
     last_pass: float | None = None
     controller: dict[str, Any] = field(default_factory=dict)
     version: int = STATE_VERSION

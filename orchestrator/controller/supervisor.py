@@ -49,6 +49,7 @@ from .actions import (
     Notify,
     PublishRequest,
     Record,
+    Relaunch,
     ResetProgressCounter,
     Restart,
     SetStatus,
@@ -61,12 +62,14 @@ from .detection import Assessment, assess, read_heartbeats, stale_hosts
 from .disk import check_disk, planned_checkpoint_bytes
 from .jobs import JobTracking
 from .kill_resume import on_requests
+from .launches import LaunchTracking
 from .liveness import Liveness
 from .lock import ControllerLock
 from .policy import exit_code_from_beats, on_findings, on_job_end
 from .recovery import Failure, plan_restart
 from .stacks import collect_stacks
 from .state import ControllerState, JobRecord, RunStatus, load_state, record_event, save_state
+from .stragglers import StragglerWatch
 from .submission import (
     Submitter,
     default_submitter,
@@ -92,7 +95,7 @@ def checkpoint_dir(paths: RunPaths, cfg: Any) -> Path:
     return checkpoints_dir(paths.root, cfg.checkpoint.dir)
 
 
-class Controller(JobTracking):
+class Controller(JobTracking, LaunchTracking):
     def __init__(
         self,
         run_dir: str | Path,
@@ -117,6 +120,7 @@ class Controller(JobTracking):
         self.state = ControllerState()
         self.timeouts = PhaseTimeouts.from_watchdog(cfg.watchdog)
         self.liveness = Liveness()
+        self.stragglers = StragglerWatch(cfg.watchdog)
         self._node_beat_age: dict[str, float] = {}
         self._timeouts_job: str | None = None
         self._job_wide_since: float | None = None
@@ -253,11 +257,23 @@ class Controller(JobTracking):
         running = self._running_job()
         beats = read_heartbeats(self.paths.heartbeats)
         if running is not None:
+            allocation = self._allocation(running)  # None for a job without spares
+            self._relay_unhealthy(running, allocation, result)
+            if (
+                allocation is not None
+                and allocation.state == "waiting_decision"
+                and not self._decided(running, allocation.launch)
+            ):
+                self._on_launch_failed(running, allocation, beats, result)
+                return self._finish_pass(result)
             assessment = self._assess(running, beats)
             result.assessment = assessment
             self._learn(running, assessment)
             self._follow_recovery(assessment)
             self._note_training(assessment)
+            self.apply(
+                self.stragglers.on_pass(self.state, running, beats, self.monotonic(), self._node_of), result
+            )
             if assessment.findings:
                 self._on_findings(running, assessment, result)
                 return self._finish_pass(result)
@@ -375,7 +391,15 @@ class Controller(JobTracking):
         exit_code = record.exit_code
         if exit_code is None:
             exit_code = exit_code_from_beats(record.job_id, beats)
-        host, what = failed_task_host(self.paths.jobs / f"slurm-{record.job_id}.out")
+        allocation = self._allocation(record)
+        # With spares, the last launch's srun tells which task failed (earlier launches' failures
+        # were handled inside the job); without, the job's output.
+        srun_output = (
+            self.paths.launch_stderr(record.job_id, allocation.launch)
+            if allocation is not None
+            else self.paths.jobs / f"slurm-{record.job_id}.out"
+        )
+        host, what = failed_task_host(srun_output)
         job_beats = [b for b in beats if str(b.get("job_id")) == record.job_id]
         first_gone = stale_hosts(job_beats, margin=self.cfg.watchdog.dead_after_seconds)
         stale_nodes = sorted(
@@ -395,6 +419,7 @@ class Controller(JobTracking):
             stale_nodes=stale_nodes,
             wall_now=self.clock(),
             queued_job_ids=[j.job_id for j in self._queued_jobs()],
+            unhealthy_nodes=tuple(allocation.unhealthy) if allocation is not None else (),
         )
         record.outcome = outcome.value
         self.apply(actions, result)
@@ -403,8 +428,16 @@ class Controller(JobTracking):
 
     def _recover(self, failure: Failure, result: PassResult) -> None:
         resume, skipped = resume_point(checkpoint_dir(self.paths, self.cfg))
+        failed = self.state.job(failure.job_id)
+        allocation = self._allocation(failed) if failed is not None and failure.job_running else None
         actions = plan_restart(
-            self.state, self.cfg.watchdog, failure, resume, skipped, [j.job_id for j in self._queued_jobs()]
+            self.state,
+            self.cfg.watchdog,
+            failure,
+            resume,
+            skipped,
+            [j.job_id for j in self._queued_jobs()],
+            allocation,
         )
         self.apply(actions, result)
 
@@ -444,6 +477,8 @@ class Controller(JobTracking):
                     cause=action.cause,
                     excluded=exclude_list.excluded_nodes(self.paths),
                 )
+            elif isinstance(action, Relaunch):  # before Restart: a Relaunch is one
+                self._relaunch(action, result)
             elif isinstance(action, Restart):
                 self._restart(action, result)
             elif isinstance(action, Submit):
@@ -498,12 +533,21 @@ class Controller(JobTracking):
         else:
             successor = self._submit(f"restart after {cause}")
             how = f"resubmitted as job {successor.job_id}"
+        self._begin_recovery(action, successor.job_id, how, in_allocation=False)
+        result.actions.append(f"restart: {how}")
+
+    def _begin_recovery(self, action: Restart, job_id: str, how: str, *, in_allocation: bool) -> None:
+        """The bookkeeping of any restart: counters, the `restart` event, the recovery followed to
+        its first step (`first_step_after_restart`), the notification."""
         self.state.restarts += 1
         self.state.restarts_without_progress = action.restarts_without_progress
         self.state.checkpoint_step_at_last_restart = action.resume_step
+        excluded = exclude_list.excluded_nodes(self.paths)
+        cause = action.cause
         now = self.clock()
         restart = {
-            "job_id": successor.job_id,
+            "job_id": job_id,
+            "in_allocation": in_allocation,
             "failed_job_id": action.failed_job_id,
             "cause": cause,
             "failure_time": action.failure_time,
@@ -522,7 +566,6 @@ class Controller(JobTracking):
         self._event("restart", **restart)
         self.state.recovering = restart
         self.state.move_to(RunStatus.RESTARTING)
-        result.actions.append(f"restart: {how}")
         self._notify(
             "restart",
             f"restarting from step {action.resume_step} after {cause} in job {action.failed_job_id}: {how}",
@@ -575,14 +618,16 @@ class Controller(JobTracking):
         accounting takes the checkpoint load time the trainer measured from it."""
         beat = assessment.reference or {}
         job_id = str(assessment.job_id)
-        if job_id in self._training_seen or beat.get("phase") != "step":
+        launch = beat.get("launch", 0)  # a job with spares trains again after each relaunch
+        if f"{job_id}/{launch}" in self._training_seen or beat.get("phase") != "step":
             return
-        self._training_seen.add(job_id)
+        self._training_seen.add(f"{job_id}/{launch}")
         extra = beat.get("extra") if isinstance(beat.get("extra"), dict) else {}
         durations = extra.get("durations") if isinstance(extra.get("durations"), dict) else {}
         self._event(
             "job_training",
             job_id=job_id,
+            launch=launch,
             step=beat.get("step"),
             checkpoint_load_seconds=extra.get("checkpoint_load_seconds"),
             init_seconds=durations.get("init"),

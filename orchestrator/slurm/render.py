@@ -116,6 +116,7 @@ def render_sbatch(
     argv = list(command) if command is not None else [c.python, "-m", "trainer", run_dir]
     if not argv:
         raise ConfigError("sbatch", ["command must not be empty"])
+    health = cfg.health_check  # runs under the in-allocation launcher (jobs with spares)
     return (
         _environment()
         .get_template(TEMPLATE_NAME)
@@ -143,5 +144,10 @@ def render_sbatch(
             dp=cfg.dp,
             srun_wait=SRUN_WAIT_SECONDS,
             command=argv,
+            spare_nodes=c.spare_nodes,
+            launcher_python=c.python,
+            decision_seconds=int(cfg.watchdog.relaunch_decision_seconds),
+            health_check=health.enabled,
+            health_seconds=int(health.timeout_seconds),
         )
     )

@@ -41,9 +41,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = 12
 
 
-def e2e_config(operators: dict | None = None):
+def e2e_config(operators: dict | None = None, spare_nodes: int = 0):
     data = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
-    data["cluster"].update(nodes=2, gpus_per_node=2, python=sys.executable)
+    data["cluster"].update(nodes=2, gpus_per_node=2, python=sys.executable, spare_nodes=spare_nodes)
     corpus = REPO / "data" / "corpus"
     if not (REPO / "data" / "corpus.idx").exists() and (REPO / "data" / "corpus" / "multilingual_text_document.idx").exists():
         corpus = REPO / "data" / "corpus" / "multilingual_text_document"
@@ -63,14 +63,14 @@ def e2e_run(local_cluster):
 
     made = []
 
-    def build(operators: dict | None = None):
-        cfg = e2e_config(operators)
+    def build(operators: dict | None = None, spare_nodes: int = 0, env_extra: dict | None = None):
+        cfg = e2e_config(operators, spare_nodes)
         root = Path(tempfile.mkdtemp(prefix="rc-e2e-", dir="/tmp"))
         os.chmod(root, 0o755)
         prepare_run_dir(cfg, root / "run")
         os.chmod(root / "run", 0o755)
         env = {**local_cluster.slurm_env(), "TRAINER_MAX_STEPS": str(STEPS), "TRAINER_TENSORBOARD": "0",
-               "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+               "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env_extra or {})}
         scheduler = SlurmScheduler(env=env)
         ctl = Controller(root / "run", cfg, scheduler, stack_wait_seconds=4.0)
         made.append((root, ctl))
@@ -122,13 +122,13 @@ def final_losses(paths: RunPaths) -> dict[int, float]:
     return {m["step"]: m["loss"] for m in read_jsonl(paths.metrics) if m.get("loss") is not None}
 
 
-def inject_once(step: int, rank: int, sig: signal.Signals):
-    """After `step` is reached, send `sig` to the trainer process of `rank` (its pid is in its
-    heartbeat: the emulated nodes are all this machine)."""
+def inject_once(step: int, rank: int, sig: signal.Signals, when=None):
+    """After `step` is reached (and `when(ctl)` holds, if given), send `sig` to the trainer process
+    of `rank` (its pid is in its heartbeat: the emulated nodes are all this machine)."""
     done = {}
 
     def act(ctl: Controller) -> None:
-        if done:
+        if done or (when is not None and not when(ctl)):
             return
         beats = {b["rank"]: b for b in beats_of_running_job(ctl)}
         if rank in beats and beats[rank]["step"] >= step:
@@ -195,6 +195,53 @@ def test_sigkilled_rank_restarted_without_its_node_same_losses(e2e_run, referenc
     assert failure["cause"] == "job_failed" and "Killed" in (failure.get("srun_says") or "")
     restart = next(e for e in read_events(ctl.paths) if e["event"] == "restart")
     assert restart["resume_step"] == 8 and restart["excluded"] == [failure["host"]]
+    assert_same_losses(ctl.paths, reference_losses)
+
+
+def test_sigkilled_rank_relaunched_on_a_spare_inside_the_same_job(e2e_run, reference_losses):
+    """2 nodes + 1 spare: the launch fails, the controller decides, the launcher relaunches on the
+    spare inside the same SLURM job (no new submission), and the losses equal an uninterrupted run's."""
+    # 3 s a step: the failure comes once the warm standby for launch 1 is ready (as hours into a
+    # real run), so launch 1 must start from it.
+    cfg, ctl = e2e_run(spare_nodes=1, env_extra={"TRAINER_STEP_DELAY_SECONDS": "3"})
+    from orchestrator.allocation import read_allocation
+    from orchestrator.runs import submit_job
+    from orchestrator.slurm.hostlist import expand_hostlist
+
+    job_id = submit_job(ctl.paths.root, cfg, ctl.scheduler, reason="initial")
+    ctl.start()
+
+    def standby_warm(c: Controller) -> bool:
+        try:
+            return bool(read_allocation(c.paths.allocation(job_id)).standby_ready)
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    act, done = inject_once(5, 2, signal.SIGKILL, when=standby_warm)
+    assert drive(ctl, 200, act=act) == RunStatus.FINISHED, job_outputs(ctl.paths)
+    assert done, "the fault was never injected"
+    failure = print_incident(ctl.paths)
+    events = read_events(ctl.paths)
+    restart = next(e for e in events if e["event"] == "restart")
+    assert failure["cause"] == "launch_failed" and "Killed" in (failure.get("srun_says") or ""), failure
+    assert restart["in_allocation"] and restart["job_id"] == failure["job_id"] == str(job_id), restart
+    assert restart["resume_step"] in (4, 8) and restart["resume_step"] <= failure["last_step"], restart
+    assert [j.job_id for j in ctl.state.jobs] == [str(job_id)], "one SLURM job from start to finish"
+    assert not [e for e in events if e["event"] == "job_submitted"], "nothing was resubmitted"
+    # SLURM's own view: the job held 3 nodes; the launcher's record: launch 1 left out the failed
+    # node and ran on the spare; the ranks of launch 1 beat from there.
+    held = expand_hostlist(ctl.scheduler.show_job(str(job_id))["NodeList"])
+    allocation = read_allocation(ctl.paths.allocation(job_id))
+    print(f"SLURM: job {job_id} held {held}; launcher: {allocation}")
+    assert len(held) == 3 and allocation.launch == 1 and allocation.exit_code == 0
+    assert list(allocation.left_out) == [failure["host"]] and failure["host"] not in allocation.nodes
+    assert set(allocation.nodes) <= set(held) and len(allocation.nodes) == 2
+    launch1 = [json.loads(p.read_text()) for p in ctl.paths.heartbeats.glob("rank-*.json")]
+    assert {b["launch"] for b in launch1} == {1} and {b["host"] for b in launch1} == set(allocation.nodes)
+    assert excluded_nodes(ctl.paths) == [failure["host"]]
+    output = (ctl.paths.jobs / f"slurm-{job_id}.out").read_text(errors="replace")
+    print("\n".join(line for line in output.splitlines() if line.startswith("runctl launcher")))
+    assert "launch 1 on " in output and "(warm standby;" in output, "launch 1 must be the warm standby"
     assert_same_losses(ctl.paths, reference_losses)
 
 

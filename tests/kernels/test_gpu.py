@@ -128,11 +128,18 @@ def test_flash_attention_gpu(ops, dtype, shape):
     gold_out, gold_grads = _grads(lambda *t: attention_reference(*t, slopes),
                                   [q.float(), k.float(), v.float()], g.float())
     base_out, base_grads = _grads(lambda *t: _attention_bf16_torch(*t, slopes), [q, k, v], g)
+    # The kernel accumulates in fp32, and its backward takes D = rowsum(dO * O) (FlashAttention) where
+    # the reference takes dO . V: the two differ by fp32 rounding of a d-term sum, scaled into dq by
+    # |k| / sqrt(d). Where the exact gradient is 0 (one key: a constant softmax, dq = 0) and bf16
+    # torch happens to be exact too, that rounding is all the error there is; the floor allows it
+    # (~4e-5 at d=128, against ~0.1 for a real bug). Measured on an H200: dq 5.1e-7 there.
+    mags = [t.float().abs().max().item() for t in (g, v, k)]
+    fp32_floor = d * 2**-23 * mags[0] * mags[1] * mags[2] / d**0.5
     for name, a, base, gold in zip(("out", "dq", "dk", "dv"), [out_t, *grads_t], [base_out, *base_grads],
                                    [gold_out, *gold_grads], strict=True):
         err, base_err = max_error(a, gold), max_error(base, gold)
         print(f"gpu attention {name} {shape} bf16: kernel error {err:.3e}, bf16 torch error {base_err:.3e}")
-        assert err <= 2 * base_err + 1e-3 * gold.abs().max().item(), name
+        assert err <= 2 * base_err + 1e-3 * gold.abs().max().item() + fp32_floor, name
 
 
 def test_flash_attention_memory_is_linear(ops):

@@ -45,7 +45,9 @@ def test_bloom_script_has_what_an_operator_expects():
         (m.group(1), m.group(2) or "") for m in re.finditer(r"^#SBATCH --([a-z\-]+)(?:=(\S+))?$", text, re.M)
     )
     print(sbatch)
-    assert sbatch["nodes"] == "48" and sbatch["ntasks-per-node"] == "8" and sbatch["gres"] == "gpu:8"
+    # 48 nodes + BLOOM's 4 spares, held by one job that must outlive a failed node.
+    assert sbatch["nodes"] == "52" and "no-kill" in sbatch
+    assert sbatch["ntasks-per-node"] == "8" and sbatch["gres"] == "gpu:8"
     assert (
         sbatch["cpus-per-task"] == "8" and sbatch["time"] == "100:00:00" and sbatch["hint"] == "nomultithread"
     )
@@ -53,12 +55,12 @@ def test_bloom_script_has_what_an_operator_expects():
     assert "exclusive" in sbatch and sbatch["signal"] == "USR1@600" and sbatch["dependency"] == "singleton"
     assert sbatch["output"] == f"{GOLDEN_RUN_DIR}/jobs/slurm-%j.out"
     assert "export CUDA_LAUNCH_BLOCKING=1" in text
-    srun = text[text.index("\nsrun ") :]
-    assert (
-        "--kill-on-bad-exit=1" in srun
-        and "--wait=60" in srun
-        and f"python3 -m trainer {GOLDEN_RUN_DIR}" in srun
-    )
+    # The launcher runs the trainer as srun steps of 48 nodes x 8 (trainer/in_allocation.py, which
+    # tests/trainer/test_in_allocation_launcher.py checks), after a health check of all 52.
+    launcher = text[text.index("\nexec python3 -m trainer.in_allocation ") :]
+    assert "--nodes 48 --tasks-per-node 8 --cpus-per-task 8" in launcher and "--srun-wait 60" in launcher
+    assert "--health --health-seconds 180" in launcher
+    assert launcher.rstrip().endswith(f"-- python3 -m trainer {GOLDEN_RUN_DIR}")
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
@@ -74,5 +76,8 @@ def test_every_config_renders_and_passes_bash_n(config: Path, tmp_path: Path):
     first_command = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
     late = [line for line in lines[first_command:] if line.startswith("#SBATCH")]
     assert not late, f"#SBATCH lines after the first command are ignored by sbatch: {late}"
-    srun = text[text.index("\nsrun ") :]
-    assert " -m trainer " in srun and lines[-1] == 'exit "$rc"', "the job must end with the ranks' exit code"
+    if load_config(config).cluster.spare_nodes:  # the launcher's exit code is the job's (exec)
+        assert lines[-1].endswith(" -m trainer " + str(tmp_path / "run")) and "\nexec " in text
+    else:
+        srun = text[text.index("\nsrun ") :]
+        assert " -m trainer " in srun and lines[-1] == 'exit "$rc"', "the job must end with the ranks' exit code"

@@ -32,7 +32,7 @@ def test_dry_run_writes_run_dir_and_script_and_submits_nothing(mock_slurm_dir, t
     result = json.loads(out)
     script = Path(result["script"])
     assert result["dry_run"] and result["job_ids"] == [] and script.exists()
-    assert "#SBATCH --nodes=48" in script.read_text()
+    assert "#SBATCH --nodes=52" in script.read_text()  # 48 + BLOOM's 4 spares
     run_dir = Path(result["run_dir"])
     assert load_config(run_dir / "run.yaml").name == "tr11-176B-ml"
     for folder in ("jobs", "control", "heartbeats", "checkpoints"):

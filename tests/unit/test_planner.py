@@ -140,12 +140,16 @@ def test_bloom_partition_is_72_units_over_12_stages() -> None:
 
 
 def test_young_daly_and_goodput_are_consistent() -> None:
-    cfg = load_config(BLOOM)
-    plan = plan_run(cfg, gpu_mtbf_hours=384 * 100, checkpoint_save_seconds=360)
-    # tau = sqrt(2 * 0.1 h * 100 h) = sqrt(20) h
+    # Synchronous saves: the stall is the whole save, tau = sqrt(2 * 0.1 h * 100 h) = sqrt(20) h.
+    sync = parse_config(_bloom_with(checkpoint__async_save=False))
+    plan = plan_run(sync, gpu_mtbf_hours=384 * 100, checkpoint_save_seconds=360)
     assert abs(plan.optimal_checkpoint_interval_hours - 20**0.5) < 1e-9
     assert plan.optimal_goodput >= plan.expected_goodput
     assert 0 < plan.expected_goodput < 1
+    # BLOOM's async saves: the stall is 0.25 x 360 s = 90 s = 0.025 h, tau = sqrt(2 * 0.025 * 100) = sqrt(5) h.
+    plan = plan_run(load_config(BLOOM), gpu_mtbf_hours=384 * 100, checkpoint_save_seconds=360, async_stall_fraction=0.25)
+    assert plan.save_stall_seconds == 90.0
+    assert abs(plan.optimal_checkpoint_interval_hours - 5**0.5) < 1e-9
 
 
 def _bloom_with(**changes) -> dict:

@@ -1,0 +1,159 @@
+"""Spare nodes, in-allocation restarts and the async save stall in `runctl plan`: a small case by
+hand, a Monte Carlo of the spares inside jobs, properties over a grid, and BLOOM's 48 + 4 nodes."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import yaml
+
+from orchestrator.cli.main import main
+from orchestrator.config import parse_config
+from orchestrator.planner import plan_run
+from tests.unit.test_planner import BLOOM, _bloom_with, rel
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _plan_json(capsys, path: Path, *extra: str) -> dict:
+    capsys.readouterr()
+    assert main(["plan", str(path), "--json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_two_nodes_one_spare_by_hand(tmp_path: Path, capsys) -> None:
+    """2 training nodes of 1 GPU + 1 spare; a GPU fails every 40 h, so the job fails every
+    40 / 2 = 20 h, and a 10 h job sees mu = 10 / 20 = 0.5 failures on average.
+    Saves: sync, 360 s = 0.1 h every 2 h. Restarts: 3 min on the spare, 30 min through the queue."""
+    data = yaml.safe_load((ROOT / "configs" / "tiny-cpu.yaml").read_text())
+    data["cluster"].update(nodes=2, spare_nodes=1, time_limit="10:00:00", gpu_mtbf_hours=40)
+    data["checkpoint"].update(interval_hours=2, interval_steps=None, save_seconds=360, async_save=False)
+    data["watchdog"].update(restart_minutes=30, in_allocation_restart_minutes=3)
+    path = tmp_path / "two-plus-one.yaml"
+    path.write_text(yaml.safe_dump(data))
+    plan = _plan_json(capsys, path)
+
+    # Failures in one job: N ~ Poisson(0.5). P(N=0) = e^-0.5, P(N=1) = 0.5 e^-0.5.
+    p0, p1 = math.exp(-0.5), 0.5 * math.exp(-0.5)
+    first = 1 - p0  # a first failure happens: it takes the spare            0.393469
+    second = 1 - p0 - p1  # a second one happens: no spare left, the job ends  0.090204
+    # Long run: each job meets E[failures] = first + second (it ends at its second one); of those,
+    # `first` restart on the spare in 0.05 h, `second` go through the queue in 0.5 h.
+    restart_h = (first * 0.05 + second * 0.5) / (first + second)  # 0.133925 h
+    # Goodput per hour of wall time: a 0.1 h save every 2 h (0.05), and 1/20 failures per hour,
+    # each losing half an interval of work (1 h) plus its restart.
+    with_spare = 1 - 0.1 / 2 - (1 / 20) * (1 + restart_h)  # 0.893304
+    without = 1 - 0.1 / 2 - (1 / 20) * (1 + 0.5)  # 0.875
+    with capsys.disabled():
+        print(f"P(N>=2) {plan['out_of_spares_probability']:.6f} (by hand {second:.6f}), restart "
+              f"{plan['mean_restart_hours']:.6f} h (by hand {restart_h:.6f}), goodput {plan['expected_goodput']:.6f} "
+              f"(by hand {with_spare:.6f}), without spares {plan['expected_goodput_without_spares']:.6f} ({without}); "
+              f"max error {abs(plan['expected_goodput'] - with_spare):.1e}")
+    assert abs(first - 0.393469) < 1e-6 and abs(second - 0.090204) < 1e-6  # the hand numbers themselves
+    assert abs(plan["failures_per_job"] - 0.5) < 1e-12
+    assert abs(plan["spares_used_per_job"] - first) < 1e-12
+    assert abs(plan["out_of_spares_probability"] - second) < 1e-12
+    assert abs(plan["in_allocation_share"] - first / (first + second)) < 1e-12
+    assert abs(plan["mean_restart_hours"] - restart_h) < 1e-12
+    assert abs(plan["expected_goodput"] - with_spare) < 1e-12
+    assert abs(plan["expected_goodput_without_spares"] - without) < 1e-12
+    # Of the 3 allocated nodes only 2 train: the spare's idle hours are overhead and billed.
+    assert abs(plan["expected_goodput_allocated"] - with_spare * 2 / 3) < 1e-12
+    assert plan["allocated_nodes"] == 3
+    assert abs(plan["allocated_gpu_hours"] - plan["gpu_hours"] * 3 / 2) < 1e-9 * plan["gpu_hours"]
+    assert abs(plan["spare_gpu_hours"] - plan["gpu_hours"] / 2) < 1e-9 * plan["gpu_hours"]
+    # Young/Daly on the stall: sqrt(2 x 0.1 h x 20 h) = 2 h.
+    assert abs(plan["optimal_checkpoint_interval_hours"] - 2.0) < 1e-12
+    # The same saves asynchronously, stalling 5% of the 360 s: 18 s = 0.005 h every 2 h.
+    async_plan = _plan_json(capsys, path, "--async-stall-fraction", "0.05")
+    assert async_plan["save_stall_seconds"] == 360.0, "async_save is off in this config: the stall is the save"
+    data["checkpoint"]["async_save"] = True
+    path.write_text(yaml.safe_dump(data))
+    async_plan = _plan_json(capsys, path, "--async-stall-fraction", "0.05")
+    assert abs(async_plan["expected_goodput"] - (1 - 0.005 / 2 - (1 / 20) * (1 + restart_h))) < 1e-12
+
+
+def _simulate_jobs(mu: float, spares: int, jobs: int, seed: int = 3) -> tuple[float, float, float]:
+    """Jobs of unit length with failures at rate mu; a job ends at its (spares + 1)-th failure.
+    Returns (spares used per job, share of jobs that ran out, share of failures on a spare)."""
+    rng = random.Random(seed)
+    used = out = failures = 0
+    for _ in range(jobs):
+        t, seen = rng.expovariate(mu), 0
+        while t < 1.0 and seen <= spares:
+            seen += 1
+            t += rng.expovariate(mu)
+        failures += seen
+        used += min(seen, spares)
+        out += seen > spares
+    return used / jobs, out / jobs, used / failures
+
+
+def test_spares_per_job_match_a_monte_carlo_of_jobs() -> None:
+    """BLOOM with 2 spares and a GPU MTBF that gives mu = 1.5 failures per 100 h job."""
+    mtbf = 100 / 1.5 * 384
+    plan = plan_run(parse_config(_bloom_with()), gpu_mtbf_hours=mtbf, spare_nodes=2)
+    used, out, share = _simulate_jobs(1.5, 2, jobs=100_000)
+    errors = (abs(plan.spares_used_per_job - used), abs(plan.out_of_spares_probability - out),
+              abs(plan.in_allocation_share - share))  # fmt: skip
+    print(f"simulated: used {used:.4f} out {out:.4f} on-spare share {share:.4f}; planner "
+          f"{plan.spares_used_per_job:.4f} {plan.out_of_spares_probability:.4f} {plan.in_allocation_share:.4f}; "
+          f"max error {max(errors):.4f}")
+    assert abs(plan.failures_per_job - 1.5) < 1e-12
+    # 100k jobs: standard errors ~0.003 (used), 0.0012 (out), 0.0015 (share); allow 4 sigma.
+    assert errors[0] < 0.012 and errors[1] < 0.005 and errors[2] < 0.006
+
+
+def test_more_spares_and_async_never_lower_training_goodput() -> None:
+    sync_cfg = parse_config(_bloom_with(checkpoint__async_save=False))
+    async_cfg = parse_config(_bloom_with(checkpoint__async_save=True))
+    checked = 0
+    for time_limit in ("1:00:00", "100:00:00", "20-00:00:00"):
+        cfgs = [parse_config(_bloom_with(cluster__time_limit=time_limit, checkpoint__async_save=a)) for a in (False, True)]
+        for mtbf in (2_000.0, 46_000.0, 1e6):
+            for minutes in (0.5, 3.0, 29.0):  # in-allocation restarts, all shorter than the 30 min job-level one
+                previous = None
+                for spares in range(7):
+                    kw = dict(gpu_mtbf_hours=mtbf, spare_nodes=spares, in_allocation_restart_minutes=minutes)
+                    sync, asy = (plan_run(c, **kw) for c in cfgs)
+                    assert asy.expected_goodput >= sync.expected_goodput
+                    assert asy.optimal_goodput >= sync.optimal_goodput
+                    assert sync.optimal_goodput >= sync.expected_goodput - 1e-12
+                    assert sync.expected_goodput_allocated <= sync.expected_goodput
+                    if previous is not None:
+                        assert sync.expected_goodput >= previous.expected_goodput, (time_limit, mtbf, minutes, spares)
+                        assert sync.out_of_spares_probability <= previous.out_of_spares_probability
+                    previous = sync
+                    checked += 1
+    # Equal restart costs: spares cannot help, whatever their number.
+    same = plan_run(sync_cfg, spare_nodes=4, in_allocation_restart_minutes=30)
+    none = plan_run(sync_cfg, spare_nodes=0)
+    assert abs(same.expected_goodput - none.expected_goodput) < 1e-12
+    assert plan_run(async_cfg).save_stall_seconds < plan_run(sync_cfg).save_stall_seconds
+    print(f"{checked} grid points")
+
+
+def test_bloom_plan_shows_48_plus_4_nodes(capsys, monkeypatch) -> None:
+    plan = _plan_json(capsys, BLOOM)
+    # 107,421.875 iterations x 104.67 s on 52 nodes x 8 GPUs; the 4 spares alone: 32 GPUs.
+    by_hand = 107_421.875 * 104.67 * 416 / 3600
+    with capsys.disabled():
+        print(f"allocated GPU-hours {plan['allocated_gpu_hours']:,.0f} (by hand {by_hand:,.0f})")
+    assert plan["spare_nodes"] == 4 and plan["allocated_nodes"] == 52
+    assert rel(plan["allocated_gpu_hours"], by_hand) < 1e-4
+    assert rel(plan["spare_gpu_hours"], 107_421.875 * 104.67 * 32 / 3600) < 1e-4
+    # 46,000 h per GPU on 384 GPUs: a job fails every 119.8 h; a 100 h job sees 100 / 119.8 failures.
+    assert abs(plan["failures_per_job"] - 100 * 384 / 46_000) < 1e-12
+    assert plan["save_stall_seconds"] == 30.0  # async: 0.1 x 300 s
+    mu = 100 * 384 / 46_000  # P(N >= 5): the 5th failure of a job finds no spare
+    out_of_spares = 1 - math.exp(-mu) * (1 + mu + mu**2 / 2 + mu**3 / 6 + mu**4 / 24)
+    assert abs(plan["out_of_spares_probability"] - out_of_spares) < 1e-12 and f"{out_of_spares:.2%}" == "0.17%"
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["plan", str(BLOOM)]) == 0
+    out = capsys.readouterr().out
+    assert "48 nodes + 4 spares = 52 allocated (416 GPUs, 384 training)" in out, out
+    assert "idle spares" in out and "of the training GPUs" in out and "of the allocated GPUs" in out
+    assert "a job runs out of spares with probability 0.17%" in out, out

@@ -1,0 +1,133 @@
+"""`python -m trainer.standby --go FILE -- python -m trainer RUN_DIR`: a warm rank for the next launch.
+
+Most of a trainer's start is importing torch, DeepSpeed and the model code (seconds per process,
+more when 8 ranks of a node import at once). The in-allocation launcher (trainer/in_allocation.py)
+therefore keeps the next launch warm: once a launch trains, it starts a standby srun step with G
+tasks on every usable node of the allocation (the running launch's nodes and the spares, `--overlap`:
+they only wait). Each standby task imports the trainer, then waits for the launcher's go file:
+
+    {"version": 1, "launch": K, "nodes": [...], "tasks_per_node": G, "master_addr": ..., "master_port": ...}
+
+written only after the controller decided a relaunch. A task whose node is in `nodes` becomes rank
+index(node) x G + SLURM_LOCALID of launch K (the SLURM_* layout variables are rewritten to the
+launch's, so trainer.launch reads them as for any srun) and runs the trainer in this process; a
+task whose node is not (left out, or a spare not needed) exits 0 (the step runs with srun
+--wait=0, so an early exit does not end the others). The go file is read like any file of the run
+directory: the owner's, regular, bounded (orchestrator/allocation.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.allocation import NODE_NAME, ContractError, read_owned_json
+
+POLL_SECONDS = 0.2
+# Imported by DeepSpeed's engine set-up on first use (its optimizer check, MoE and pipeline parts).
+LAZY_MODULES = (
+    "deepspeed.runtime.zero.muon.muon_optimizer",
+    "deepspeed.runtime.pipe.engine",
+    "deepspeed.moe.layer",
+    "deepspeed.module_inject",
+    "deepspeed.ops",
+    "torch.profiler",
+    "orchestrator.config",
+    "trainer.data",
+    "trainer.model",
+    "trainer.parallel",
+)
+
+
+def warm_up() -> None:
+    """Import what a trainer process imports before its first step (the expensive part): the
+    modules, and what DeepSpeed's engine and torch's optimizers import lazily on first use
+    (torch._dynamo with sympy and networkx, DeepSpeed's optimizer checks: over 1,500 modules,
+    more than half of a CPU rank's start), by using them once on a one-element parameter."""
+    import importlib
+
+    import deepspeed  # noqa: F401
+    import torch
+    import torch._dynamo  # noqa: F401 - what an optimizer's constructor pulls in
+
+    import kernels  # noqa: F401
+    import trainer.engine  # noqa: F401
+    import trainer.loop  # noqa: F401
+
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    for lazy in LAZY_MODULES:  # DeepSpeed's engine imports these on first use; versions differ
+        try:
+            importlib.import_module(lazy)
+        except ImportError:
+            pass
+
+
+def ready_dir(go_file: Path) -> Path:
+    """Where each standby task says it is warm (one empty file per task)."""
+    return go_file.with_name(go_file.name + ".ready")
+
+
+def layout(go: dict, node: str, local_rank: int) -> dict[str, str] | None:
+    """The SLURM layout variables of this task in launch `go["launch"]`; None when its node is
+    not one of the launch's."""
+    nodes, per_node = go.get("nodes"), go.get("tasks_per_node")
+    if not isinstance(nodes, list) or not all(isinstance(n, str) and NODE_NAME.fullmatch(n) for n in nodes):
+        raise ContractError(f"go file: nodes {str(nodes)[:80]!r} is not a list of node names")
+    if not isinstance(per_node, int) or isinstance(per_node, bool) or per_node < 1 or local_rank >= per_node:
+        raise ContractError(f"go file: tasks_per_node {per_node!r} does not fit local rank {local_rank}")
+    if node not in nodes:
+        return None
+    index = nodes.index(node)
+    return {
+        "SLURM_PROCID": str(index * per_node + local_rank),
+        "SLURM_NTASKS": str(len(nodes) * per_node),
+        "SLURM_NPROCS": str(len(nodes) * per_node),
+        "SLURM_NNODES": str(len(nodes)),
+        "SLURM_NODEID": str(index),
+        "MASTER_ADDR": str(go.get("master_addr", "")),
+        "MASTER_PORT": str(int(go.get("master_port", 0))),
+        "RUNCTL_LAUNCH": str(int(go.get("launch", 0))),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 6 or argv[0] != "--go" or argv[2] != "--" or argv[4:6] != ["-m", "trainer"] or len(argv) != 7:
+        print("usage: python -m trainer.standby --go FILE -- PYTHON -m trainer RUN_DIR", file=sys.stderr)
+        return 2
+    go_file, run_dir = Path(argv[1]), argv[6]
+    warm_up()
+    node, local_rank = os.environ.get("SLURMD_NODENAME", ""), int(os.environ.get("SLURM_LOCALID", "0"))
+    ready = ready_dir(go_file)
+    ready.mkdir(exist_ok=True)
+    (ready / f"{node}-{local_rank}").touch()  # the launcher counts these: the standby is warm
+    while True:
+        try:
+            go = read_owned_json(go_file)
+        except ContractError as exc:
+            print(f"[standby {node}/{local_rank}] refusing the go file: {exc}", file=sys.stderr, flush=True)
+            return 1  # never train on a file someone else wrote: this launch fails, and is decided again
+        if go is not None:
+            break
+        time.sleep(POLL_SECONDS)
+    try:
+        variables = layout(go, node, local_rank)
+    except ContractError as exc:
+        print(f"[standby {node}/{local_rank}] {exc}", file=sys.stderr, flush=True)
+        return 1
+    if variables is None:
+        return 0  # not needed in this launch
+    os.environ.update(variables)
+    from trainer.__main__ import main as trainer_main
+
+    return trainer_main([run_dir])
+
+
+if __name__ == "__main__":
+    # os._exit as in trainer.__main__: background threads must not turn the exit code into a hang.
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
