@@ -1,6 +1,6 @@
 """Exact resume with random state in play: dropout 0.1 (hidden and attention), dp = 2, bf16 with
 ZeRO-1 (BF16_Optimizer: each DP rank holds half the fp32 master and Adam moments), at
-(tp, pp, dp) = (1, 1, 2) and at (2, 2, 2) (TP slices, two pipeline stages, 8 ranks).
+(tp, pp, dp) = (2, 2, 2) (TP slices, two pipeline stages, 8 ranks).
 
 One go: `python -m trainer` for 2N steps. Split: N steps, checkpoint, exit (time budget), a NEW pair
 of processes, N more steps. Every step's loss, LR and gradient norm must be identical, and the two
@@ -35,8 +35,10 @@ def _config(tp: int, pp: int, dp: int) -> dict:
     }
 
 
-@pytest.mark.slow  # ~40 s (1,1,2) and ~2 min (2,2,2) on 2 cores
-@pytest.mark.parametrize("layout", [(1, 1, 2), (2, 2, 2)], ids=lambda t: "tp{}-pp{}-dp{}".format(*t))
+# (2,2,2) holds what (1,1,2) checked (dp=2, ZeRO-1 partitions, per-rank RNG files) plus TP slices
+# and two pipeline stages: (1,1,2) alone was dropped to keep `make test` under 25 min (~2 min here).
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [(2, 2, 2)], ids=lambda t: "tp{}-pp{}-dp{}".format(*t))
 def test_split_run_with_dropout_dp2_zero1_equals_one_go(tmp_path, layout):
     ranks = layout[0] * layout[1] * layout[2]
     one_go = make_run_dir(tmp_path / "one_go", **_config(*layout))
