@@ -28,7 +28,6 @@ import argparse
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +45,7 @@ from orchestrator.allocation import (
     write_owner_json,
 )
 from orchestrator.protocol import ExitCode, RunPaths
+from trainer.launch import node_address, slurm_hostnames
 from trainer.standby import ready_dir
 
 # Exits that are the trainer's own decision: never a reason to relaunch.
@@ -62,22 +62,13 @@ def log(message: str) -> None:
     print(f"runctl launcher: {message}; {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}", flush=True)
 
 
-def hostnames(nodelist: str) -> list[str]:
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
-    return out.stdout.split()
-
-
 def master_address(node: str) -> str:
-    """The node's address as the ranks can reach it: SLURM's NodeAddr (the node name need not
-    resolve: on the local cluster node01 does not), resolved to IPv4."""
-    shown = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True, check=False)
-    found = re.search(r"NodeAddr=(\S+)", shown.stdout)
-    name = found.group(1) if found else node
+    """trainer.launch.node_address, or a message that says what to fix."""
     try:
-        return socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0]
+        return node_address(node)
     except OSError:
         raise SystemExit(
-            f"runctl launcher: cannot resolve {node} (NodeAddr={name}) to an address: fix DNS, /etc/hosts "
+            f"runctl launcher: cannot resolve {node} (its NodeAddr) to an address: fix DNS, /etc/hosts "
             "or NodeAddr in slurm.conf"
         ) from None
 
@@ -105,7 +96,7 @@ class Launcher:
 
     # The whole job ----------------------------------------------------------------------------
     def run(self) -> int:
-        allocated = hostnames(self.env["SLURM_JOB_NODELIST"])
+        allocated = slurm_hostnames(self.env["SLURM_JOB_NODELIST"])
         self.record = Allocation(self.job_id, "health_check", 0, [], list(allocated))
         self._save()
         healthy, unhealthy, problem = self._health(allocated) if self.args.health else (allocated, {}, "")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -50,6 +51,23 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def slurm_hostnames(nodelist: str) -> list[str]:
+    """SLURM's node names of a node list (`node[01-03]`), in order (`scontrol show hostnames`)."""
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
+    )
+    return out.stdout.split()
+
+
+def node_address(node: str) -> str:
+    """A node's IPv4 address as other nodes reach it, the way the job script finds MASTER_ADDR:
+    SLURM's NodeAddr (the node name need not resolve: on the local cluster node01 does not),
+    resolved. Raises OSError when it does not resolve."""
+    out = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True, timeout=30, check=False)
+    addr = next((w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("NodeAddr=")), node)
+    return socket.getaddrinfo(addr, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
 
 
 def dist_env_from(env: Mapping[str, str]) -> DistEnv:

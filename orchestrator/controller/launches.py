@@ -32,6 +32,8 @@ class LaunchTracking:
     _allocation_errors: set[str]
 
     def _allocation(self, job: JobRecord) -> Allocation | None:
+        if not self.cfg.cluster.spare_nodes:
+            return None  # no spares, no launcher: nothing to read on every pass
         try:
             return read_allocation(self.paths.allocation(job.job_id))
         except ContractError as exc:

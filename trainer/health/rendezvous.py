@@ -49,6 +49,7 @@ from typing import Any
 
 from orchestrator.protocol import UntrustedFileError, atomic_write_json, read_untrusted
 from trainer.health.checks import Check, one_line
+from trainer.launch import node_address, slurm_hostnames
 
 HEALTH_PORT_BASE = 61000
 HEALTH_PORT_SPAN = 4000
@@ -94,27 +95,11 @@ class Deadlines:
 REGISTRATION_WINDOW = 0.4
 
 
-def _first_host(nodelist: str) -> str:
-    out = subprocess.run(
-        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
-    )
-    return out.stdout.split()[0]
-
-
-def _resolve_node(host: str) -> str:
-    """The node's address as the job script finds MASTER_ADDR: SLURM's NodeAddr, resolved."""
-    out = subprocess.run(
-        ["scontrol", "show", "node", host], capture_output=True, text=True, timeout=30, check=False
-    )
-    addr = next((w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("NodeAddr=")), host)
-    return socket.getaddrinfo(addr, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
-
-
 def store_address(env: Mapping[str, str]) -> str:
     step_nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
     if not step_nodes or (env.get("MASTER_ADDR") and step_nodes == env.get("SLURM_JOB_NODELIST")):
         return env.get("MASTER_ADDR", "127.0.0.1")
-    return _resolve_node(_first_host(step_nodes))
+    return node_address(slurm_hostnames(step_nodes)[0])
 
 
 def health_port(env: Mapping[str, str]) -> int:
@@ -222,12 +207,9 @@ def _step_nodes(world: int) -> list[str] | None:
     if not nodelist:
         return None
     try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        names = slurm_hostnames(nodelist)
+    except (OSError, subprocess.SubprocessError):
         return None
-    names = out.stdout.split()
     return names if len(names) == world else None
 
 
