@@ -11,7 +11,7 @@ TORCH_PIN := torch==2.13.0
 export DS_ACCELERATOR ?= cpu
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test lint install data clean bench-cpu gpu-check
+.PHONY: demo test lint install data tools clean bench-cpu gpu-check
 
 install: $(STAMP)
 
@@ -25,8 +25,18 @@ $(STAMP): setup.cfg pyproject.toml
 data: $(STAMP)
 	$(PY) -m trainer.data.prepare_corpus --out data/corpus
 
-test: $(STAMP) data lint
+test: $(STAMP) data lint tools
 	$(PY) -m pytest -q
+
+# Debian tools the tests run (SLURM itself is installed by the tests' local_cluster fixture):
+# promtool, from the `prometheus` package, checks deploy/prometheus/ (tests/deploy/). Installed as
+# root with apt-get when missing; elsewhere the test says what to install (and fails under CI).
+tools:
+	@command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else echo "promtool missing: install Debian's prometheus package (tests/deploy/ needs it)"; fi; }
 
 # `make demo DEMO_ARGS=--mock`: the demo on the mocked SLURM (NOT SLURM) where no local cluster can run.
 demo: $(STAMP) data

@@ -33,10 +33,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.protocol import MANIFEST_NAME, ExitCode, RunPaths, verify_manifest  # noqa: E402
+from orchestrator.contract import (  # noqa: E402
+    MANIFEST_NAME,
+    ExitCode,
+    RunPaths,
+    read_latest,  # noqa: E402
+    verify_manifest,
+)
 from tests.trainer import launch_local  # noqa: E402
 from tests.trainer.runs import make_run_dir  # noqa: E402
-from trainer.checkpoint import read_latest  # noqa: E402
 
 TARGET_RATIO = 0.15
 SAVE_EVERY = 2  # steps between saves
@@ -67,7 +72,7 @@ def stall_row(work: Path, model: str, steps: int, step_delay: float) -> dict:
             raise SystemExit(f"{model} {variant}: exit {codes}; see {run}/logs/rank-0.log")
         stalls = [float(m.group(4)) for m in STALL.finditer(log)]
         paths = RunPaths.of(run)
-        latest = read_latest(paths)
+        latest = read_latest(paths.checkpoints)
         row[variant] = {
             "stall_seconds": stalls,
             "median_stall_seconds": statistics.median(stalls),
@@ -94,7 +99,7 @@ def kill_row(work: Path, fault: str) -> dict:
     row = {
         "fault": fault,
         "exit_code": codes[0],
-        "latest": read_latest(paths),
+        "latest": read_latest(paths.checkpoints),
         "previous_verifies": verify_manifest(paths.checkpoint(2)) == [],
         "partial_dir_exists": partial.is_dir(),
         "partial_has_manifest": (partial / MANIFEST_NAME).exists(),
@@ -106,7 +111,7 @@ def kill_row(work: Path, fault: str) -> dict:
     row["nothing_lost"] = bool(
         codes[0] == -9 and row["latest"] == "step_0000002" and row["previous_verifies"]
         and not row["partial_has_manifest"] and resumed == [ExitCode.FINISHED]
-        and row["resumed_from"] == "step_0000002"
+        and row["resumed_from"] == "step_0000002"  # not a beat or event: this benchmark's row
     )
     print(f"kill ({fault}): {row}", flush=True)
     return row

@@ -27,11 +27,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "controller"))
 
-from fakes import FakeScheduler, fake_submitter, make_config  # noqa: E402
+from fakes import FakeScheduler, fake_submitter, make_config
 
-from orchestrator.config import dump_config  # noqa: E402
-from orchestrator.controller import Controller, read_events  # noqa: E402
-from orchestrator.controller.state import RunStatus  # noqa: E402
+from orchestrator.config import dump_config
+from orchestrator.contract import events as ev
+from orchestrator.contract import read_heartbeats
+from orchestrator.contract.events import read_events
+from orchestrator.contract.state import RunStatus
+from orchestrator.controller import Controller
 
 RESULTS = REPO / "bench" / "results" / "controller.json"
 
@@ -57,8 +60,8 @@ def scenario(kind: str) -> dict:
                     break
                 job = scheduler.running()
                 if not injected and kind in ("crash", "freeze") and job is not None:
-                    beats = [json.loads(p.read_text()) for p in ctl.paths.heartbeats.glob("rank-*.json")]
-                    if any(b["job_id"] == job.job_id and b["step"] >= 15 for b in beats):
+                    beats = read_heartbeats(ctl.paths.heartbeats)
+                    if any(b.job_id == job.job_id and b.step >= 15 for b in beats):
                         victim = job.procs[1]
                         os.kill(victim.pid, signal.SIGKILL if kind == "crash" else signal.SIGSTOP)
                         injected = True
@@ -66,13 +69,13 @@ def scenario(kind: str) -> dict:
         finally:
             scheduler.shutdown()
             ctl.stop()
-        events = read_events(ctl.paths)
-        failure = next(e for e in events if e["event"] == "failure")
-        first = next(e for e in events if e["event"] == "first_step_after_restart")
+        events = read_events(ctl.paths.events)
+        failure = next(e for e in events if isinstance(e, ev.Failure))
+        first = next(e for e in events if isinstance(e, ev.FirstStepAfterRestart))
         return {
-            "cause": failure["cause"],
-            "detection_latency_s": failure["detection_time"] - failure["failure_time"],
-            "failure_to_first_step_s": first["seconds_since_failure"],
+            "cause": failure.cause,
+            "detection_latency_s": failure.detection_time - failure.failure_time,
+            "failure_to_first_step_s": first.seconds_since_failure,
             "finished": status == RunStatus.FINISHED,
         }
 

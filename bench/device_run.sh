@@ -14,10 +14,12 @@
 #      GPU work: it overlaps the captures and the tests, and should end before the timed benchmarks)
 #   1. nvidia-smi captures (stdout, stderr, exit code of each) -> $OUT/nvidia_smi.tar.gz
 #   2. imports the GPU tests and benches need (a missing package is named, not a collection error)
-#   3. bench/gpu_check.py (`make gpu-check`: pytest -m gpu, bench/kernels_gpu.py,
+#   3. bench/gpu_check.py (`make gpu-check`: pytest -m gpu, bench/kernels_side_by_side.py,
 #      bench/train_step_gpu.py)
 # Comes back in $OUT (at most 8 files): device_run.log, nvidia_smi.tar.gz, gpu_check.json,
-# gpu_tests.xml, kernels_gpu.json, train_step_gpu.json, async_checkpoint_gpu.json, logs.tar.gz.
+# gpu_tests.xml, kernels_side_by_side.json, train_step_gpu.json, async_checkpoint_gpu.json, logs.tar.gz.
+# (Since issue 25 bench/kernels_gpu.py is bench/kernels_side_by_side.py; bench/device_gpu_check.sh runs
+# only `make gpu-check`, leaner, for the kernel and step figures.)
 # Without a GPU every GPU part skips cleanly (exit 0), so it can be tried anywhere first.
 # The run of 2026-11-30 (one H200): 269 s, everything passed except one test; the call was
 #     run(command="set -o pipefail; DEVICE_RUN_SECONDS=400 bash bench/device_run.sh 2>&1 | tee $OUT/device_run.log",
@@ -140,11 +142,11 @@ cat "$WORK/async_checkpoint_gpu.log"
 
 # -- results -----------------------------------------------------------------------------------
 part "results"
-for f in gpu_check.json gpu_tests.xml kernels_gpu.json train_step_gpu.json; do
+for f in gpu_check.json gpu_tests.xml kernels_side_by_side.json train_step_gpu.json; do
   [ -f "$RESULTS/$f" ] && cp "$RESULTS/$f" "$OUT/"
 done
 [ -f "$WORK/async_checkpoint_gpu.json" ] && cp "$WORK/async_checkpoint_gpu.json" "$OUT/"
-cp "$RESULTS/kernels_gpu.md" "$WORK/" 2>/dev/null
+cp "$RESULTS/kernels_side_by_side.md" "$RESULTS/train_step_gpu_profile.md" kernels/dispatch_table.json "$WORK/" 2>/dev/null
 # rank logs of a failed async run (a passing row deletes its run directories)
 find /tmp/bench-async-checkpoint-gpu -name 'rank-*.log' 2>/dev/null | while read -r f; do
   mkdir -p "$WORK/async_rank_logs"; cp "$f" "$WORK/async_rank_logs/$(echo "${f#/tmp/}" | tr / _)"; done

@@ -227,7 +227,7 @@ def _linearity(rows: list[dict], name: str) -> dict | None:
     (about 0 for a linear path, about 1 for one dominated by the s x s matrix)."""
     import numpy as np
 
-    pts = sorted((r["seq"], r["peak_rss_delta_mb"]) for r in rows if r["op"] == name and r["peak_rss_delta_mb"])
+    pts = sorted((r["seq"], r["peak_rss_delta_mb"]) for r in rows if r["op"] == name and r["peak_rss_delta_mb"])  # not a beat or event: a shape's sequence length
     ratios = [round(b[1] / a[1], 2) for a, b in zip(pts, pts[1:], strict=False) if b[0] == 2 * a[0] and a[1] > 0]
     if not ratios:
         return None
@@ -245,7 +245,7 @@ def write_markdown(path: Path, result: dict) -> None:
              "saved = bytes autograd keeps for backward.", "",
              "| op | seq | time (s) | peak (MiB) | saved (MiB) |", "| --- | ---: | ---: | ---: | ---: |"]
     for r in result["rows"]:
-        lines.append(f"| {r['op']} | {r['seq']} | {r['time_s']:.3f} | {r['peak_rss_delta_mb']} | {r['saved_mb']} |")
+        lines.append(f"| {r['op']} | {r['seq']} | {r['time_s']:.3f} | {r['peak_rss_delta_mb']} | {r['saved_mb']} |")  # not a beat or event: a shape's sequence length
     lines += ["", "Peak-memory growth: ratio per doubling of s (2 = linear, 4 = quadratic), and the share of the "
               "s^2 term at the largest s in a fit a + b*s + c*s^2 (0 = linear, 1 = quadratic):", ""]
     lines += [f"- {item['op']}: {item['peak_ratio_per_doubling']}, s^2 share {item.get('quadratic_share_at_max_seq')}"

@@ -47,7 +47,7 @@ def time_layouts(work: Path, steps: int, dtype: str, layouts) -> list[dict]:
                "micro_batches": result["micro_batches"], "step_seconds_median": statistics.median(timed),
                "step_seconds": result["step_seconds"], "launch_wall_seconds": result["wall_seconds"]}
         print(f"(dp,tp,pp)=({dp},{tp},{pp}) {dtype}: {row['step_seconds_median'] * 1e3:.1f} ms/step "
-              f"(m={row['micro_batches']}, {row['ranks']} ranks, launch+init+steps {result['wall_seconds']:.0f} s)")
+              f"(m={row['micro_batches']}, {row['ranks']} ranks, launch+init+steps {result['wall_seconds']:.0f} s)")  # not a beat or event: a layout's rank count
         rows.append(row)
     return rows
 

@@ -1,18 +1,30 @@
-"""Achieved TFLOPs and MFU of a training step of a 1B-class BLOOM on one GPU, through the real trainer path.
+"""Achieved TFLOPs and MFU of a training step of a 1B-class BLOOM on one GPU, through the real trainer
+path, beside transformers' BloomForCausalLM + torch.optim.AdamW at the same batch, in the same run,
+and a torch.profiler pass over our step.
 
     python bench/train_step_gpu.py [--preset bloom-1b7] [--micro-batch 4 --grad-accum 4 --seq 2048]
-                                   [--recompute] [--kernels auto] [--steps 10]
-                                   [--out bench/results/train_step_gpu.json]
+                                   [--recompute] [--kernels auto] [--steps 10] [--baseline-steps 5]
+                                   [--profile-steps 2] [--out bench/results/train_step_gpu.json]
 
-The step is the trainer's: our BLOOM PipelineModule in DeepSpeed's PipelineEngine, bf16 weights,
-BF16_Optimizer (fp32 master + fp32 gradient accumulation, ZeRO-1), AdamW, clipping; random tokens.
-FLOPs by Megatron's formula (trainer.metrics / orchestrator.planner):
-    model FLOPs    72 B s l h^2 (1 + s/6h + V/16lh)     (forward + backward)
-    hardware FLOPs 96 B s l h^2 (...)  with --recompute  (one more forward)
-MFU = model TFLOPs / the GPU's dense bf16 peak (table below, or --peak-tflops).
+In this order (the baseline first: plain torch objects, freed before our engine takes the memory):
+1. transformers: BloomForCausalLM with torch.optim.AdamW as the Trainer runs it with bf16=True
+   (bench/train_step_baseline.py), same micro-batch, accumulation and sequence;
+2. ours: the trainer's step, our BLOOM PipelineModule in DeepSpeed's PipelineEngine, bf16 weights,
+   BF16_Optimizer (fp32 master + fp32 gradient accumulation, ZeRO-1), AdamW, clipping; kernels as
+   kernels/dispatch.py picks them (the decisions are recorded); random tokens;
+3. torch.profiler over --profile-steps more of our steps: the summary (top kernels by device time,
+   time by kind) goes to <out stem>_profile.md, its head into the JSON (bench/step_profile.py).
+Model FLOPs per iteration, for both (the same architecture): every matmul of forward and backward,
+    tokens * (72 l h^2 + 12 l h s + 6 h V)      (PaLM, Chowdhery et al. 2022, appendix B: 6N + 12lhs)
+    i.e. 6 FLOPs per weight per token (fwd 2, bwd 4), causal attention counted in full. Megatron's
+    72 B s l h^2 (1 + s/6h + V/16lh) (orchestrator.planner, BLOOM's papers) is also recorded: it is
+    derived with recompute (96 ...) and, scaled to 72, counts the logits as 4.5 h V instead of 6 h V
+    (7% low at bloom-1b7's V/(16 l h) = 0.32; 0.4% at bloom-176b).
+MFU = model TFLOP/s / the GPU's dense bf16 peak (bench/device_peaks.py; H200: 989, or --peak-tflops).
+Hardware FLOPs with --recompute add one forward of the layers (96 instead of 72 in the l h^2 terms).
 
-Without a GPU it prints a message and exits 0 (`--allow-cpu` runs a tiny smoke config on the CPU
-instead, to test this script itself; its numbers mean nothing).
+Without a GPU it prints a message and exits 0; `--allow-cpu` runs the whole path on a tiny config
+on the CPU instead (its numbers mean nothing; written only where --out says).
 """
 
 from __future__ import annotations
@@ -29,17 +41,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.device_peaks import SOURCE as PEAKS_SOURCE  # noqa: E402
+from bench.device_peaks import peak_bf16_tflops  # noqa: E402
+
 # (layers, hidden, heads): the BLOOM family's 1B-class members.
 PRESETS = {"bloom-1b1": (24, 1536, 16), "bloom-1b7": (24, 2048, 16), "smoke": (2, 64, 4)}
-# Dense bf16 peak TFLOPs by device-name fragment (no sparsity).
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "A10": 125.0, "L40": 181.0, "V100": 125.0}
+FLOPS_FORMULA = "tokens * (72 l h^2 + 12 l h s + 6 h V): every matmul, fwd + bwd (PaLM appendix B)"
 
 
-def peak_for(name: str) -> float | None:
-    for fragment, peak in PEAK_TFLOPS.items():
-        if fragment in name:
-            return peak
-    return None
+def model_flops_per_iteration(layers: int, hidden: int, seq: int, vocab: int, global_batch: int,
+                              recompute: bool = False) -> float:
+    """FLOPs of all matmuls of one iteration (see the module docstring); with recompute, the
+    layers' forward once more (hardware FLOPs)."""
+    layer_terms = (96 if recompute else 72) * layers * hidden**2 + (16 if recompute else 12) * layers * hidden * seq
+    return global_batch * seq * (layer_terms + 6 * hidden * vocab)
+
+
+def rates(step_seconds: float, flops: float, peak: float | None, tokens: int) -> dict:
+    tflops = flops / step_seconds / 1e12
+    return {"tokens_per_s": tokens / step_seconds, "model_tflops": tflops, "mfu": tflops / peak if peak else None}
 
 
 def bench_cfg(args, gpu: bool):
@@ -81,9 +101,11 @@ def main(argv=None) -> int:
     parser.add_argument("--kernels", choices=["auto", "reference", "triton"], default="auto")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--baseline-steps", type=int, default=5, help="timed steps of the transformers baseline (0: skip)")
+    parser.add_argument("--profile-steps", type=int, default=2, help="steps under torch.profiler (0: skip)")
     parser.add_argument("--peak-tflops", type=float, default=None)
     parser.add_argument("--allow-cpu", action="store_true", help="smoke-test this script on the CPU")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "train_step_gpu.json")
+    parser.add_argument("--out", type=Path, default=None, help="default on a GPU: bench/results/train_step_gpu.json")
     args = parser.parse_args(argv)
 
     import torch
@@ -94,17 +116,63 @@ def main(argv=None) -> int:
               "(or --allow-cpu for a smoke test of the script).")
         return 0
     if not gpu:
-        args.preset, args.seq, args.micro_batch, args.grad_accum, args.steps, args.warmup = "smoke", 32, 2, 2, 2, 1
+        args.preset, args.seq, args.micro_batch, args.grad_accum = "smoke", 32, 2, 2
+        args.steps, args.warmup = 1, 1
+        args.baseline_steps, args.profile_steps = min(args.baseline_steps, 1), min(args.profile_steps, 1)
         os.environ["DS_ACCELERATOR"] = "cpu"
+    out = args.out or (REPO / "bench" / "results" / "train_step_gpu.json" if gpu else None)
 
     import kernels
+    from bench.step_profile import profile_steps, summarise, write_summary
+    from bench.train_step_baseline import run_transformers_baseline
+    from kernels import dispatch
     from trainer.engine import grad_norm, initialize
     from trainer.launch import dist_env_from, init_distributed
-    from trainer.metrics import flops_per_iteration
+    from trainer.metrics import flops_per_iteration as megatron_flops
     from trainer.model import build_pipeline_module
     from trainer.parallel.groups import ParallelLayout, initialize_model_parallel
 
     cfg = bench_cfg(args, gpu)
+    layers, hidden, heads = PRESETS[args.preset]
+    vocab, global_batch = cfg.padded_vocab_size, args.micro_batch * args.grad_accum
+    tokens = global_batch * args.seq
+    name = torch.cuda.get_device_name() if gpu else platform.processor() or "cpu"
+    peak = args.peak_tflops or (peak_bf16_tflops(name) if gpu else None)
+    flops = model_flops_per_iteration(layers, hidden, args.seq, vocab, global_batch)
+    record = {
+        "what": "one training step: ours (fwd+bwd+BF16_Optimizer AdamW through PipelineEngine) beside transformers' "
+                "BloomForCausalLM + torch.optim.AdamW, same batch, same run, 1 device",
+        "device": name, "preset": args.preset,
+        "config": {"layers": layers, "hidden": hidden, "heads": heads, "seq": args.seq, "vocab": vocab,
+                   "micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "global_batch": global_batch,
+                   "recompute": args.recompute},
+        "peak_tflops": peak, "peak_source": PEAKS_SOURCE if peak and not args.peak_tflops else "--peak-tflops",
+        "model_flops_per_iteration": flops, "flops_formula": FLOPS_FORMULA,
+        "megatron_formula_flops_per_iteration": megatron_flops(cfg.model_copy(update={"parallel": cfg.parallel.model_copy(
+            update={"activation_checkpointing": False})}), global_batch),
+        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "smoke_test_on_cpu": not gpu,
+    }
+
+    def write() -> None:  # after every part: a run stopped at its time limit keeps what it measured
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(record, indent=2) + "\n")
+
+    batches = random_batches(vocab, args.micro_batch, args.seq)
+    if args.baseline_steps:
+        try:
+            baseline = run_transformers_baseline(layers, hidden, heads, vocab, args.seq, args.micro_batch,
+                                                 args.grad_accum, args.baseline_steps, 1, gpu, batches)
+            baseline.update(rates(baseline["step_seconds_median"], flops, peak, tokens))
+        except torch.OutOfMemoryError as exc:
+            baseline = {"error": f"out of memory at this batch: {str(exc).splitlines()[0]}"}
+            torch.cuda.empty_cache()
+        record["transformers"] = baseline
+        print("transformers baseline:", json.dumps({k: v for k, v in baseline.items() if k not in ("step_seconds_all",)}),
+              flush=True)
+        write()
+
     init_distributed(dist_env_from({}), cfg.cluster.accelerator)
     kernels.set_kernel_path(args.kernels)
     layout = ParallelLayout()
@@ -113,7 +181,6 @@ def main(argv=None) -> int:
     module = build_pipeline_module(cfg, layout)
     params = sum(p.numel() for p in module.parameters())
     engine = initialize(cfg, module, args.grad_accum)
-    batches = random_batches(cfg.padded_vocab_size, args.micro_batch, args.seq)
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     if gpu:
         torch.cuda.reset_peak_memory_stats()
@@ -123,49 +190,42 @@ def main(argv=None) -> int:
         started = time.perf_counter()
         loss = engine.train_batch(batches)
         sync()
+        took = time.perf_counter() - started
         if index >= args.warmup:
-            times.append(time.perf_counter() - started)
+            times.append(took)
         losses.append(float(loss))
-        print(f"step {index}: {times[-1] if index >= args.warmup else time.perf_counter() - started:.3f}s "
-              f"loss {losses[-1]:.4f} grad norm {grad_norm(engine)}", flush=True)
+        print(f"step {index}: {took:.3f}s loss {losses[-1]:.4f} grad norm {grad_norm(engine)}", flush=True)
 
     step_s = statistics.median(times)
-    global_batch = args.micro_batch * args.grad_accum
-    model_tflops = flops_per_iteration(cfg.model_copy(update={"parallel": cfg.parallel.model_copy(
-        update={"activation_checkpointing": False})}), global_batch) / step_s / 1e12
-    hw_tflops = flops_per_iteration(cfg, global_batch) / step_s / 1e12
-    name = torch.cuda.get_device_name() if gpu else platform.processor() or "cpu"
-    peak = args.peak_tflops or (peak_for(name) if gpu else None)
-    record = {
-        "what": "one training step (fwd+bwd+BF16_Optimizer AdamW) through PipelineEngine, 1 GPU",
-        "device": name,
-        "preset": args.preset,
-        "parameters": params,
-        "config": {"layers": cfg.model.num_layers, "hidden": cfg.model.hidden_size,
-                   "heads": cfg.model.num_attention_heads, "seq": args.seq, "vocab": cfg.padded_vocab_size,
-                   "micro_batch": args.micro_batch, "grad_accum": args.grad_accum, "global_batch": global_batch,
-                   "recompute": args.recompute, "kernels": kernels.current_path() if gpu else "reference"},
-        "step_seconds_median": step_s,
-        "step_seconds_all": times,
-        "tokens_per_s": global_batch * args.seq / step_s,
-        "model_tflops": model_tflops,
-        "hardware_tflops": hw_tflops,
-        "peak_tflops": peak,
-        "mfu": model_tflops / peak if peak else None,
+    record["ours"] = {
+        "parameters": params, "step_seconds_median": step_s, "step_seconds_all": times,
+        **rates(step_s, flops, peak, tokens),
+        "hardware_tflops": model_flops_per_iteration(layers, hidden, args.seq, vocab, global_batch,
+                                                     args.recompute) / step_s / 1e12,
+        "megatron_formula_tflops": record["megatron_formula_flops_per_iteration"] / step_s / 1e12,
         "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else None,
-        "losses": losses,
-        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "smoke_test_on_cpu": not gpu,
+        "losses": losses, "kernel_path": kernels.current_path() if gpu else "reference",
+        "kernel_decisions": dispatch.decisions(),
     }
-    print(json.dumps({k: record[k] for k in ("device", "parameters", "step_seconds_median", "tokens_per_s",
-                                             "model_tflops", "hardware_tflops", "mfu", "max_memory_gib")}, indent=2))
-    if not gpu:
-        print("CPU smoke test: the script works; nothing written (the figures mean nothing on a CPU)")
-        return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    if "step_seconds_median" in record.get("transformers", {}):
+        record["speedup_vs_transformers"] = record["transformers"]["step_seconds_median"] / step_s
+    write()
+
+    if args.profile_steps:
+        prof = profile_steps(lambda: engine.train_batch(batches), args.profile_steps, gpu)
+        summary = summarise(prof, gpu, args.profile_steps)
+        record["profile"] = {"clock": summary["clock"], "total_ms_per_step": summary["total_ms_per_step"],
+                             "by_kind_ms_per_step": summary["by_kind_ms_per_step"], "top": summary["top"][:10]}
+        if out is not None:
+            summary_path = out.with_name(out.stem + "_profile.md")
+            write_summary(summary_path, summary, f"Profile of our {args.preset} step on {name}")
+            record["profile"]["summary_file"] = str(summary_path.relative_to(REPO) if summary_path.is_relative_to(REPO)
+                                                    else summary_path)
+        write()
+    shown = {k: record["ours"][k] for k in ("step_seconds_median", "tokens_per_s", "model_tflops", "mfu", "max_memory_gib")}
+    print(json.dumps({"device": name, "ours": shown, "speedup_vs_transformers": record.get("speedup_vs_transformers"),
+                      "profile_by_kind_ms": record.get("profile", {}).get("by_kind_ms_per_step")}, indent=2))
+    print(f"wrote {out}" if out else "CPU smoke test: the script works; nothing written (no --out)")
     return 0
 
 

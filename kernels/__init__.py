@@ -7,9 +7,10 @@
     kernels.attention(q, k, v, alibi_slopes, causal=True, softmax_scale=None)
     kernels.alibi_slopes(num_heads)
     kernels.set_kernel_path("auto"|"reference"|"triton"); kernels.current_path()
-    kernels.set_attention_impl("auto"|"materialized"|"chunked")
+    kernels.set_attention_impl("auto"|"materialized"|"chunked"|"triton"|"flex"|"sdpa"|"compiled")
 
-Every op is autograd-capable on every path. `kernels.dispatch` explains how a path is chosen.
+Every op is autograd-capable on every path (FlexAttention: forward only on CPU). `kernels.dispatch`
+explains how an implementation is chosen (a measured table, kernels/dispatch_table.json).
 `import kernels` does not import triton (it is optional).
 """
 
@@ -17,11 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import dispatch
+from kernels import dispatch, implementations
 from kernels.alibi import alibi_slopes, alibi_slopes_for_rank
-from kernels.attention.chunked import attention_chunked
-from kernels.attention.reference import attention_reference
-from kernels.bias_gelu.reference import bias_gelu_reference
 from kernels.dispatch import (
     current_attention_impl,
     current_path,
@@ -29,8 +27,6 @@ from kernels.dispatch import (
     set_attention_impl,
     set_kernel_path,
 )
-from kernels.layer_norm.reference import layer_norm_reference
-from kernels.softmax.reference import scale_mask_softmax_reference
 
 __all__ = [
     "alibi_slopes", "alibi_slopes_for_rank", "attention", "bias_gelu", "current_attention_impl",
@@ -39,31 +35,27 @@ __all__ = [
 ]
 
 
+def _run(op: str, *args):
+    """Run `op` with the implementation the dispatch picks for its tensor arguments."""
+    tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
+    impl = dispatch.implementation_for(op, *tensors)
+    return implementations.implementation(op, impl, tensors[0].device.type)(*args)
+
+
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    if dispatch.path_for(x) == "triton":
-        return dispatch.triton_ops(x.device.type).layer_norm_triton(x, weight, bias, eps)
-    return layer_norm_reference(x, weight, bias, eps)
+    return _run("layer_norm", x, weight, bias, eps)
 
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    if dispatch.path_for(x) == "triton":
-        return dispatch.triton_ops(x.device.type).bias_gelu_triton(x, bias)
-    return bias_gelu_reference(x, bias)
+    return _run("bias_gelu", x, bias)
 
 
 def scale_mask_softmax(scores: torch.Tensor, scale: float, alibi: torch.Tensor | None = None,
                        causal: bool = True) -> torch.Tensor:
-    if dispatch.path_for(scores) == "triton":
-        return dispatch.triton_ops(scores.device.type).scale_mask_softmax_triton(scores, scale, alibi, causal)
-    return scale_mask_softmax_reference(scores, scale, alibi, causal)
+    return _run("scale_mask_softmax", scores, scale, alibi, causal)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_slopes: torch.Tensor,
               causal: bool = True, softmax_scale: float | None = None) -> torch.Tensor:
     """q, k, v [b, heads, s, head_dim] -> [b, heads, s, head_dim]; alibi_slopes fp32 [heads]."""
-    impl = dispatch.attention_impl_for(q)
-    if impl == "triton":
-        return dispatch.triton_ops(q.device.type).attention_triton(q, k, v, alibi_slopes, causal, softmax_scale)
-    if impl == "chunked":
-        return attention_chunked(q, k, v, alibi_slopes, causal, softmax_scale)
-    return attention_reference(q, k, v, alibi_slopes, causal, softmax_scale)
+    return _run("attention", q, k, v, alibi_slopes, causal, softmax_scale)

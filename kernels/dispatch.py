@@ -1,47 +1,54 @@
 """The one place that decides which implementation of a fused op runs.
 
-Paths:
-  reference  plain torch, the definition of every op (runs anywhere).
-  triton     Triton kernels. On CUDA tensors they are compiled; on CPU tensors they run under
-             Triton's interpreter (TRITON_INTERPRET=1), which is how the tests exercise them.
+Implementations (kernels/implementations.py): reference (plain torch, the definition of every op;
+runs anywhere), triton (ours; compiled on CUDA tensors, interpreted on CPU tensors under
+TRITON_INTERPRET=1, which is how the tests run them), compiled (torch.compile of the reference),
+and for attention chunked (flash algorithm in torch), flex (FlexAttention) and sdpa (SDPA + bias).
 
 Choice, highest priority first:
-  1. the environment variable BLOOM_KERNELS (auto|reference|triton), so an operator can flip the
-     path of an existing config without editing it;
-  2. set_kernel_path(...), which the trainer calls with the config field `model.kernels`;
-  3. "auto": triton for CUDA tensors when triton imports, reference otherwise.
-
-Attention has a second knob because on CPU there are two plain-torch paths: the materialised
-reference (builds the s x s matrix) and the chunked, memory-linear one (flash algorithm in torch):
-  BLOOM_ATTENTION env var > set_attention_impl(...) > "auto"
-  auto: follow the kernel path (triton -> flash Triton kernel, reference -> materialised).
+  1. attention only: the attention knob, when not auto (env BLOOM_ATTENTION > set_attention_impl,
+     i.e. config `model.attention`): materialized (= reference), chunked, triton, flex, sdpa, compiled;
+  2. the kernel path: env BLOOM_KERNELS (auto|reference|triton), so an operator can flip the path of
+     an existing config without editing it, then set_kernel_path(...) (config `model.kernels`).
+     reference or triton forces that implementation for every op;
+  3. auto: the measured table (kernels/dispatch_table.json, read once; kernels/dispatch_table.py
+     says what a row is): the fastest implementation not known to be incorrect that can run here,
+     for this device, op, dtype, shape class and mode (fwd when autograd does not record the call,
+     fwd_bwd when it does: training pays for both passes, eval only for the forward);
+  4. fallback, when the table has no row for the device/shape or no timed candidate in it:
+     triton on CUDA tensors when triton imports, reference otherwise (the choice before the table).
+Each distinct decision is logged once (logger "kernels"), with the times it came from.
 
 TRITON_INTERPRET: triton decides compiled vs interpreted when a `@triton.jit` function is
 *defined*: triton.language's helpers when triton is first imported, ours when our kernel modules
 are first imported (lazily, on the first call that needs them). So to run the kernels on CPU
 tensors, TRITON_INTERPRET=1 must be in the environment before anything imports triton (careful:
-transformers and deepspeed do). If nothing has imported triton yet, the first Triton call on CPU
-tensors sets it; otherwise it is an error that names the fix. A process cannot both compile the
-kernels for a GPU and interpret them for CPU tensors.
+transformers, deepspeed and torch.compile do). If nothing has imported triton yet, the first Triton
+call on CPU tensors sets it; otherwise it is an error that names the fix. A process cannot both
+compile the kernels for a GPU and interpret them for CPU tensors.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import logging
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from kernels.dispatch_table import DEFAULT_TABLE, Row, Table, load_table, mode_of, size_class
+
 logger = logging.getLogger("kernels")
 
 KERNEL_PATHS = ("auto", "reference", "triton")
-ATTENTION_IMPLS = ("auto", "materialized", "chunked")
+ATTENTION_IMPLS = ("auto", "materialized", "chunked", "triton", "flex", "sdpa", "compiled")
 ENV_KERNELS = "BLOOM_KERNELS"
 ENV_ATTENTION = "BLOOM_ATTENTION"
 
@@ -49,6 +56,9 @@ _configured_path = "auto"
 _configured_attention = "auto"
 _logged_decisions: set[tuple[str, ...]] = set()
 _triton_ops: ModuleType | None = None
+_table: Table | None = None
+_table_path: Path = DEFAULT_TABLE
+_device_names: dict[int, str] = {}
 
 
 def _validate(value: str, allowed: tuple[str, ...], what: str) -> str:
@@ -65,7 +75,7 @@ def set_kernel_path(path: str) -> None:
 
 
 def set_attention_impl(impl: str) -> None:
-    """Set the attention implementation (auto|materialized|chunked). BLOOM_ATTENTION overrides it."""
+    """Set the attention implementation (see ATTENTION_IMPLS). BLOOM_ATTENTION overrides it."""
     global _configured_attention
     _configured_attention = _validate(impl, ATTENTION_IMPLS, "attention implementation")
 
@@ -110,31 +120,100 @@ def current_path(device_type: str | None = None) -> str:
 
 
 def current_attention_impl(device_type: str | None = None) -> str:
-    """'materialized', 'chunked' or 'triton' for tensors of `device_type`."""
-    env = os.environ.get(ENV_ATTENTION)
-    impl = _validate(env, ATTENTION_IMPLS, ENV_ATTENTION) if env else _configured_attention
+    """The attention knob for tensors of `device_type`; auto resolves to 'triton' (kernels.attention,
+    where the table then decides per shape) or 'materialized' (the model's s x s path) by the kernel path."""
+    impl = _attention_knob()
     if impl != "auto":
         return impl
     return "triton" if current_path(device_type) == "triton" else "materialized"
 
 
-def _log_once(*decision: str) -> None:
+def use_table(table: Table | Path | str) -> None:
+    """Follow `table` (a Table, or a table file to read) from now on instead of the committed one.
+    For tests and for trying a fresh measurement; the trainer uses the committed table."""
+    global _table, _table_path
+    if isinstance(table, Table):
+        _table = table
+    else:
+        _table_path, _table = Path(table), None
+    _logged_decisions.clear()
+
+
+def table() -> Table:
+    """The table, read and validated on first use (a missing file is an empty table)."""
+    global _table
+    if _table is None:
+        _table = load_table(_table_path)
+    return _table
+
+
+def device_key(tensor: torch.Tensor) -> str:
+    """The table's device name: torch.cuda.get_device_name() for CUDA tensors, else the type."""
+    if tensor.device.type != "cuda":
+        return tensor.device.type
+    index = tensor.device.index or 0
+    if index not in _device_names:
+        _device_names[index] = torch.cuda.get_device_name(index)
+    return _device_names[index]
+
+
+def unavailable(impl: str, device_type: str, mode: str) -> str | None:
+    """Why `impl` cannot run here (None when it can): the table may name one this machine lacks."""
+    if impl == "triton" and not triton_available():
+        return "triton cannot be imported"
+    if impl == "flex":
+        if not _has_flex_attention():
+            return f"torch {torch.__version__} has no FlexAttention (torch >= 2.5)"
+        if device_type == "cpu" and mode == "fwd_bwd":
+            return "FlexAttention has no backward on CPU"
+    return None
+
+
+@functools.cache
+def _has_flex_attention() -> bool:
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+
+
+def _attention_knob() -> str:
+    env = os.environ.get(ENV_ATTENTION)
+    return _validate(env, ATTENTION_IMPLS, ENV_ATTENTION) if env else _configured_attention
+
+
+def _decided(op: str, tensors: tuple[torch.Tensor, ...], impl: str, why: str, row: Row | None = None) -> str:
+    x = tensors[0]
+    decision = (op, x.device.type, str(x.dtype), tuple(x.shape), impl, why)
     if decision not in _logged_decisions:
         _logged_decisions.add(decision)
-        logger.info("kernels: %s", ", ".join(decision))
-
-
-def path_for(tensor: torch.Tensor) -> str:
-    """Resolve the path for one op call on `tensor`, logging the decision the first time."""
-    path = current_path(tensor.device.type)
-    _log_once(f"device={tensor.device.type}", f"path={path}", f"requested={requested_path()}")
-    return path
-
-
-def attention_impl_for(tensor: torch.Tensor) -> str:
-    impl = current_attention_impl(tensor.device.type)
-    _log_once(f"device={tensor.device.type}", f"attention={impl}")
+        times = ", ".join(f"{name} {ms:.3f} ms" for ms, name in row.ranked()) if row else ""
+        logger.info("kernels: %s on %s %s %s path=%s (%s%s)", op, x.device.type, str(x.dtype).removeprefix("torch."),
+                    list(x.shape), impl, why, f": {times}; {row.source}" if row else "")
     return impl
+
+
+def decisions() -> list[dict]:
+    """The distinct decisions taken so far in this process: what ran, on what, and why."""
+    keys = ("op", "device", "dtype", "shape", "impl", "why")
+    return [dict(zip(keys, d, strict=True)) for d in sorted(_logged_decisions, key=str)]
+
+
+def implementation_for(op: str, *tensors: torch.Tensor) -> str:
+    """The implementation that runs `op` on these arguments (the tensors the op takes, first one
+    first), by the priority order in the module docstring."""
+    x = tensors[0]
+    if op == "attention":
+        knob = _attention_knob()
+        if knob != "auto":
+            return _decided(op, tensors, "reference" if knob == "materialized" else knob, f"attention={knob}")
+    requested = requested_path()
+    if requested != "auto":
+        return _decided(op, tensors, current_path(x.device.type), f"requested={requested}")
+    mode = mode_of(tensors)
+    row = table().row(device_key(x), op, x.dtype, size_class(op, tensors), mode)
+    impl = row.fastest_correct(lambda name: unavailable(name, x.device.type, mode)) if row else None
+    if impl is not None:
+        return _decided(op, tensors, impl, f"table, {mode}, size class {row.size_class}", row)
+    why = "no timed row in the table" if row else "no row in the table for this device/shape"
+    return _decided(op, tensors, current_path(x.device.type), f"fallback, {mode}: {why}")
 
 
 def triton_ops(device_type: str) -> ModuleType:

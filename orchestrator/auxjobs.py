@@ -1,4 +1,5 @@
-"""Auxiliary jobs of a run, through submitit: `runctl preprocess | convert | export-hf | eval`.
+"""Auxiliary jobs of a run, through submitit: `runctl preprocess | convert | export-hf | eval |
+sdc-check`.
 
     job = submit_aux(run_dir, "eval", {"step": 8})             # a SLURM job, on the run's partition
     job = submit_aux(run_dir, "eval", {"step": 8}, local=True)  # a subprocess on this host
@@ -11,12 +12,18 @@ account, qos, extra #SBATCH options, cpus per task, interpreter (`cluster.python
 (`cluster.env`) of the training job, as one task on one node, named `<run name>-<kind>` (not the
 run's name: the training chain's `--dependency=singleton` must not wait for it, nor it for them).
 
-Files, all under the run directory (the shared filesystem):
+Files, all under the run directory (the shared filesystem), owner-only (aux/ and each job's
+folder 0700, every file 0600; orchestrator/aux_files.py says why and what is checked):
 
     <run_dir>/aux/<kind>-<job_id>/<job_id>_submission.sh    the sbatch script submitit wrote
                                   <job_id>_submitted.pkl     the pickled TaskCall
                                   <job_id>_0_log.out/.err     the job's output
-                                  <job_id>_0_result.pkl      ("success", result) or ("error", traceback)
+                                  <job_id>_0_result.json     {"status": "success", "result": ...} or
+                                                             {"status": "error", "traceback": ...}
+                                  <job_id>_0_result.pkl      submitit's own; never loaded here
+
+The job runs `python -m orchestrator.aux_files FOLDER` (not submitit's `submitit.core._submit`):
+it checks the folder and the pickle before submitit unpickles anything.
 
 Events (events.jsonl, through the controller's writer, with the user who asked):
 `aux_submitted`, then `aux_finished` (with the task's result) or `aux_failed` (with the error and
@@ -36,20 +43,27 @@ from __future__ import annotations
 
 import importlib
 import os
+import shlex
 import socket
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.aux_files import AuxResultError, read_result, result_json, tail_bytes, verify_folders
+from orchestrator.contract import JobState, RunPaths, UntrustedFileError
+from orchestrator.contract import events as ev
+from orchestrator.contract.events import write_event
 from orchestrator.errors import PermissionDeniedError, RunctlError, SchedulerError, UsageError
-from orchestrator.protocol import JobState, RunPaths
+from orchestrator.filemodes import PRIVATE_UMASK, NotPrivateError, make_dirs
 
-KINDS = ("preprocess", "convert", "export-hf", "eval")
+KINDS = ("preprocess", "convert", "export-hf", "eval", "sdc-check")
 TASK_MODULE = "trainer.aux_tasks"
 AUX_DIR_NAME = "aux"
-AUX_DIR_MODE = 0o750  # the scripts hold cluster.env, like jobs/*/job.sbatch
-SUBMITTED, FINISHED, FAILED, DETACHED = "aux_submitted", "aux_finished", "aux_failed", "aux_detached"
+AUX_DIR_MODE = 0o700  # pickles that run code when loaded, and scripts that hold cluster.env
+JOB_ENTRY = "orchestrator.aux_files"  # what the job runs instead of submitit.core._submit
+LOG_TAIL_BYTES = 64 * 1024
 # After SLURM reports the job ended, how long to wait for its result file to show up on the
 # shared filesystem (submitit waits 15 s for the same reason) before calling the job failed.
 RESULT_GRACE_SECONDS = 20.0
@@ -64,7 +78,18 @@ class TaskCall:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __call__(self) -> dict[str, Any]:
-        return importlib.import_module(TASK_MODULE).TASKS[self.kind](**self.kwargs)
+        from submitit import JobEnvironment  # noqa: PLC0415
+
+        from orchestrator.aux_files import TRACE_MAX_CHARS, write_result  # noqa: PLC0415
+
+        out = result_json(JobEnvironment().paths)
+        try:
+            result = importlib.import_module(TASK_MODULE).TASKS[self.kind](**self.kwargs)
+        except Exception:
+            write_result(out, "error", traceback=traceback.format_exc()[-TRACE_MAX_CHARS:])
+            raise
+        write_result(out, "success", result=result)
+        return result
 
 
 @dataclass
@@ -137,11 +162,27 @@ def _checked_parameters(cfg, kind: str, folder: Path, time_minutes: int) -> tupl
             params[key] = sbatch_value(value)
     if kind == "eval" and c.accelerator == "cuda":
         params["gpus_per_node"] = 1
+    if kind == "sdc-check" and c.accelerator == "cuda":  # the replay's ranks, one GPU each, on one node
+        params["gpus_per_node"] = int(cfg.world_size)
     extra = {sbatch_value(key): sbatch_value(value) for key, value in sorted(c.extra_sbatch.items())}
     if extra:
         params["additional_parameters"] = extra
-    setup = [f"export {env_name(name)}={shquote(value)}" for name, value in sorted(c.env.items())]
+    setup = [f"umask {PRIVATE_UMASK:03o}"]  # first: nothing the job writes is open to others
+    setup += [f"export {env_name(name)}={shquote(value)}" for name, value in sorted(c.env.items())]
     return params, setup
+
+
+def _guarded(executor_class: type) -> type:
+    """`executor_class` whose job runs JOB_ENTRY (checks, then submitit) instead of submitit's
+    own entry point, which unpickles without looking at who could write the pickle."""
+
+    class Guarded(executor_class):
+        @property
+        def _submitit_command_str(self) -> str:
+            return " ".join([self.python, "-u -m", JOB_ENTRY, shlex.quote(str(self.folder))])
+
+    Guarded.__name__ = f"Guarded{executor_class.__name__}"
+    return Guarded
 
 
 def _executor(cfg, paths: RunPaths, kind: str, local: bool, time_minutes: int):
@@ -150,16 +191,17 @@ def _executor(cfg, paths: RunPaths, kind: str, local: bool, time_minutes: int):
     from orchestrator.slurm.render import shquote  # noqa: PLC0415
 
     aux = paths.root / AUX_DIR_NAME
-    aux.mkdir(mode=AUX_DIR_MODE, exist_ok=True)
+    if not make_dirs(aux, AUX_DIR_MODE):
+        _tighten(aux)
     folder = aux / f"{kind}-%j"
     params, setup = _checked_parameters(cfg, kind, folder, time_minutes)
     python = shquote(cfg.cluster.python)  # submitit puts it on the command line as it is
     if local:
-        executor = submitit.LocalExecutor(folder=folder, python=python)
+        executor = _guarded(submitit.LocalExecutor)(folder=folder, python=python)
         executor.update_parameters(timeout_min=params["time"], setup=setup)
         return executor
     try:
-        executor = submitit.SlurmExecutor(folder=folder, python=python)
+        executor = _guarded(submitit.SlurmExecutor)(folder=folder, python=python)
     except RuntimeError as exc:  # no srun on PATH
         raise SchedulerError(
             f"{exc}: load SLURM (`module load slurm`; the local cluster: `eval $(runctl cluster env)`), "
@@ -167,6 +209,26 @@ def _executor(cfg, paths: RunPaths, kind: str, local: bool, time_minutes: int):
         ) from None
     executor.update_parameters(**params, setup=setup)
     return executor
+
+
+def _tighten(aux: Path) -> None:
+    """aux/ of an older run (0750, or 2775 under umask 002): 0700 when it is this user's own
+    folder; anything else in its place is refused. A job folder planted in it meanwhile is
+    refused by the job's own check (aux_files.verify_job_folder)."""
+    try:
+        fd = os.open(aux, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise PermissionDeniedError(
+            f"{aux} must be a folder of yours ({exc.strerror}): move it away"
+        ) from None
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise PermissionDeniedError(
+                f"{aux} belongs to another user: move it away and run the command again"
+            )
+        os.fchmod(fd, AUX_DIR_MODE)
+    finally:
+        os.close(fd)
 
 
 def require_owner(paths: RunPaths, kind: str) -> str:
@@ -193,7 +255,6 @@ def submit_aux(
     reason: str = "",
 ) -> AuxJob:
     """Submit `kind` with `kwargs` (plain values) for the run in `run_dir`; records aux_submitted."""
-    from orchestrator.controller.state import record_event  # noqa: PLC0415
     from orchestrator.operators import User, audit  # noqa: PLC0415
     from orchestrator.runs import load_run_config  # noqa: PLC0415
 
@@ -206,26 +267,32 @@ def submit_aux(
         raise UsageError(f"{paths.root} is not a run directory: give the directory `runctl submit` made")
     user = require_owner(paths, kind)  # before reading anything: an operator gets this, not a traceback
     cfg = load_run_config(paths.root)
-    executor = _executor(cfg, paths, kind, local, time_minutes)
     from submitit.core.utils import FailedJobError  # noqa: PLC0415
 
+    # Owner-only from the first byte: the pickle, the script, the job folder, and (sbatch passes
+    # the umask on as SLURM_UMASK) the job's logs.
+    umask = os.umask(PRIVATE_UMASK)
     try:
+        executor = _executor(cfg, paths, kind, local, time_minutes)
         job = executor.submit(TaskCall(kind, dict(kwargs)))
     except FailedJobError as exc:  # sbatch refused
         raise SchedulerError(f"sbatch refused the {kind} job: {str(exc).strip() or exc!r}") from None
+    finally:
+        os.umask(umask)
     where = "local" if local else "slurm"
     aux = AuxJob(kind, job, paths, user, where, time.time(), min(cfg.watchdog.poll_seconds, 5.0))
-    record_event(
-        paths,
-        SUBMITTED,
-        kind=kind,
-        job_id=aux.job_id,
-        where=where,
-        user=user,
-        host=socket.gethostname(),
-        args=dict(kwargs),
-        log=str(aux.log),
-        reason=reason,
+    write_event(
+        paths.events,
+        ev.AuxSubmitted(
+            kind=kind,
+            job_id=aux.job_id,
+            where=where,
+            user=user,
+            host=socket.gethostname(),
+            args=dict(kwargs),
+            log=str(aux.log),
+            reason=reason,
+        ),
     )
     audit(
         paths, User.current(), kind, reason or f"runctl {kind}", allowed=True, job_id=aux.job_id, where=where
@@ -244,11 +311,14 @@ def _scheduler_state(aux: AuxJob, scheduler) -> JobState:
     return info.state if info is not None else JobState.UNKNOWN
 
 
-def _tail(path: Path, lines: int = 20) -> str:
+def _tail(aux: AuxJob, path: Path, lines: int = 20) -> str:
+    """The last lines of a log in the job's (owner-only, checked) folder."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
+        verify_folders(aux.job.paths)
+        data = tail_bytes(path, LOG_TAIL_BYTES)
+    except (OSError, NotPrivateError, UntrustedFileError):
         return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
 def wait_aux(aux: AuxJob, scheduler=None, timeout: float | None = None) -> AuxOutcome:
@@ -256,18 +326,20 @@ def wait_aux(aux: AuxJob, scheduler=None, timeout: float | None = None) -> AuxOu
     (written by the job), or SLURM saying the job ended without one (killed, timed out, could
     not start). SLURM is asked with squeue (orchestrator.slurm.real), not with submitit's own
     watcher, which needs sacct (accounting) to ever see a job end. KeyboardInterrupt records
-    aux_detached and propagates: the job runs on."""
-    from submitit.core.utils import pickle_load  # noqa: PLC0415
-
+    aux_detached and propagates: the job runs on. The result is the job's JSON file, read through
+    the bounded reader from its owner-only folder (aux_files.read_result): a folder or file that
+    fails the check ends the wait as a failure, and nothing is unpickled here."""
     if scheduler is None and aux.where == "slurm":
         from orchestrator.slurm.real import SlurmScheduler  # noqa: PLC0415
 
         scheduler = SlurmScheduler()
-    result_file = Path(aux.job.paths.result_pickle)
     started, ended_at = time.monotonic(), None
     state = JobState.PENDING
     try:
-        while not result_file.exists():
+        while True:
+            result, refused = _poll_result(aux)
+            if result is not None or refused is not None:
+                break
             if timeout is not None and time.monotonic() - started > timeout:
                 raise SchedulerError(
                     f"{aux.kind} job {aux.job_id} did not end within {timeout:.0f} s; it runs on"
@@ -279,7 +351,9 @@ def wait_aux(aux: AuxJob, scheduler=None, timeout: float | None = None) -> AuxOu
                     break
             time.sleep(aux.poll_seconds if ended_at is None else 1.0)
     except KeyboardInterrupt:
-        _record(aux, DETACHED, note=f"the waiting command was interrupted; the job runs on: read {aux.log}")
+        _record(
+            aux, ev.AuxDetached, note=f"the waiting command was interrupted; the job runs on: read {aux.log}"
+        )
         raise
     outcome = AuxOutcome(
         ok=False,
@@ -291,18 +365,20 @@ def wait_aux(aux: AuxJob, scheduler=None, timeout: float | None = None) -> AuxOu
         log=str(aux.log),
         error_log=str(aux.error_log),
     )
-    if result_file.exists():
-        status, value = pickle_load(result_file)
-        outcome.ok = status == "success"
+    if refused is not None:
+        outcome.error = refused
+    elif result is not None:
+        outcome.ok = result["status"] == "success"
         if outcome.ok:
-            outcome.result, outcome.state = value, JobState.COMPLETED.value
+            outcome.result, outcome.state = result.get("result"), JobState.COMPLETED.value
         else:
-            outcome.error, outcome.state = _last_lines(str(value), 1), JobState.FAILED.value
-            outcome.traceback = _last_lines(str(value))
+            trace = str(result.get("traceback", ""))
+            outcome.error, outcome.state = _last_lines(trace, 1), JobState.FAILED.value
+            outcome.traceback = _last_lines(trace)
     else:
         outcome.error = (
-            f"the job ended ({state.value}) without a result: it did not start or was killed; "
-            f"last lines of {aux.error_log}:\n{_tail(aux.error_log)}"
+            f"the job ended ({state.value}) without a result: it did not start, was killed, or refused "
+            f"its folder; last lines of {aux.error_log}:\n{_tail(aux, aux.error_log)}"
         )
     outcome.seconds = round(time.time() - aux.submitted_at, 3)
     if aux.where == "local":  # submitit's local runner makes the folder before replacing %j: drop it
@@ -312,7 +388,7 @@ def wait_aux(aux: AuxJob, scheduler=None, timeout: float | None = None) -> AuxOu
             pass
     _record(
         aux,
-        FINISHED if outcome.ok else FAILED,
+        ev.AuxFinished if outcome.ok else ev.AuxFailed,
         result=outcome.result,
         error=outcome.error,
         traceback=outcome.traceback,
@@ -323,23 +399,23 @@ def wait_aux(aux: AuxJob, scheduler=None, timeout: float | None = None) -> AuxOu
     return outcome
 
 
+def _poll_result(aux: AuxJob) -> tuple[dict[str, Any] | None, str | None]:
+    """(the job's result or None while there is none, why it was refused or None)."""
+    try:
+        return read_result(aux.job.paths), None
+    except AuxResultError as exc:
+        return None, str(exc)
+
+
 def _last_lines(trace: str, lines: int = 6) -> str:
     return "\n".join(trace.strip().splitlines()[-lines:])
 
 
-def _record(aux: AuxJob, event: str, **fields: Any) -> None:
-    from orchestrator.controller.state import record_event  # noqa: PLC0415
-
+def _record(aux: AuxJob, event: type[ev.AuxEnded], **fields: Any) -> None:
     fields = {k: v for k, v in fields.items() if v is not None}
-    record_event(
-        aux.paths,
-        event,
-        kind=aux.kind,
-        job_id=aux.job_id,
-        where=aux.where,
-        user=aux.user,
-        log=str(aux.log),
-        **fields,
+    write_event(
+        aux.paths.events,
+        event(kind=aux.kind, job_id=aux.job_id, where=aux.where, user=aux.user, log=str(aux.log), **fields),
     )
 
 

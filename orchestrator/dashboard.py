@@ -1,51 +1,33 @@
 """The run at a glance, from the run directory alone (any operator can read it, no controller
-needed): job chain and states, training progress, checkpoints, heartbeat age per node, excluded
-nodes, recent events.
+needed): one job table, training progress, checkpoints, heartbeat age per node, excluded nodes,
+recent events, straggler scores and the warnings a person must see.
 
-    data = dashboard_data(run_dir)        # plain dict (for --json)
-    renderable = render_dashboard(run_dir)  # rich renderable for `runctl watch` / `runctl status`
+    data = status_data(run_dir, scheduler)   # plain dict: `runctl status --json`
+    screen = render_status(data)             # orchestrator.status_screen: the same, for people
+
+`status_data` is the only place the screen's facts are gathered, so that the JSON and the screen
+never disagree; the screen only words and lays them out.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract import JobState, RunPaths, read_heartbeats, tail_metrics
+from orchestrator.contract import events as ev
+from orchestrator.contract.controller_beat import beat_file_age, read_beat
+from orchestrator.contract.events import read_events
+from orchestrator.contract.state import ControllerState, DiskPause, PoolStatus, RunStatus, load_state
 from orchestrator.controller.checkpoints import list_checkpoints
-from orchestrator.controller.detection import read_heartbeats
 from orchestrator.controller.exclude import read_excluded
 from orchestrator.controller.lock import lock_holder
-from orchestrator.controller.state import load_state, read_events
-from orchestrator.controller_heartbeat import beat_file_age, read_beat
-from orchestrator.protocol import JobState, RunPaths
-from orchestrator.textsafe import for_rich, for_terminal
 
-GRID_COLUMNS = 12  # 48 nodes -> 4 rows
-
-
-def tail_jsonl(path: Path, max_bytes: int = 256 * 1024) -> list[dict[str, Any]]:
-    """The complete lines in the last `max_bytes` of a JSONL file (metrics grow for months)."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - max_bytes))
-            chunk = handle.read()
-    except OSError:
-        return []
-    lines = chunk.split(b"\n")
-    if size > max_bytes:
-        lines = lines[1:]  # the first line is probably cut
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+RECENT_EVENTS = 8
 
 
 def _config(paths: RunPaths):
@@ -57,95 +39,172 @@ def _config(paths: RunPaths):
         return None
 
 
-def dashboard_data(run_dir: str | os.PathLike[str], now: float | None = None) -> dict[str, Any]:
+def status_data(
+    run_dir: str | os.PathLike[str],
+    scheduler: Any | None = None,
+    scheduler_problem: str | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Everything `runctl status` shows. `scheduler`: asked for the jobs' states (None: the
+    controller's records and the last states seen); `scheduler_problem`: why it was not asked."""
+    from orchestrator.runs import job_table  # noqa: PLC0415
+
     paths = RunPaths.of(run_dir)
-    now = now or time.time()
-    cfg = _config(paths)
+    now = time.time() if now is None else now
     state = load_state(paths)
-    metrics = tail_jsonl(paths.metrics)
-    last = metrics[-1] if metrics else {}
+    dashboard = dashboard_data(paths.root, now=now, state=state)
+    jobs = merge_controller_records(job_table(paths.root, scheduler), state)
+    data = {
+        "run_dir": str(paths.root),
+        "name": dashboard["run"],
+        "now": now,
+        "jobs": jobs,
+        "dashboard": dashboard,
+        "stragglers": state.stragglers or {},
+        "pool": None if state.pool is None else asdict(state.pool),
+        "scheduler_problem": scheduler_problem,
+    }
+    data["warnings"] = warnings(data, state.pool, state.disk_pause)
+    return data
+
+
+def merge_controller_records(rows: list[dict[str, Any]], state: ControllerState) -> list[dict[str, Any]]:
+    """The one job table: the scheduler's rows (runs.job_table) with, per job, why the controller
+    submitted it; where the scheduler gave no fresh answer (a job it forgot, or not asked), the
+    controller's own record of the job (it asks every pass) before the last state seen."""
+    records = {j.job_id: j for j in state.jobs}
+    for row in rows:
+        record = records.get(row["job_id"])
+        row["why"] = (record.reason if record and record.reason else row["submit_reason"]) or "-"
+        unanswered = row["stale"] or row["state"] == JobState.UNKNOWN.value
+        if record is not None and unanswered:
+            row.update(
+                state=record.state,
+                exit_code=record.exit_code,
+                nodes=record.nodes or row["nodes"],
+                started_at=record.started_at,
+                ended_at=record.ended_at,
+                stale=False,
+            )
+            row["outcome"] = record.outcome or row["outcome"]
+    return rows
+
+
+def dashboard_data(
+    run_dir: str | os.PathLike[str], now: float | None = None, state: ControllerState | None = None
+) -> dict[str, Any]:
+    paths = RunPaths.of(run_dir)
+    now = time.time() if now is None else now
+    cfg = _config(paths)
+    state = state or load_state(paths)
+    metrics = tail_metrics(paths.metrics)
+    last = metrics[-1] if metrics else None
     total_steps = None
     if cfg is not None:
         total_steps = -(-cfg.train_samples // cfg.parallel.global_batch_size)
-    step_seconds = [m.get("step_seconds") for m in metrics[-20:] if m.get("step_seconds")]
+    step_seconds = [m.step_seconds for m in metrics[-20:] if m.step_seconds]
     eta = None
-    if total_steps and last.get("step") is not None and step_seconds:
-        eta = max(0, total_steps - last["step"]) * sum(step_seconds) / len(step_seconds)
+    if total_steps and last is not None and step_seconds:
+        eta = max(0, total_steps - last.step) * sum(step_seconds) / len(step_seconds)
     # Where the config puts them (checkpoint.dir), by the contract's one rule, as the trainer does.
     ckpt_dir = (RunPaths.of(paths.root, cfg.checkpoint.dir) if cfg is not None else paths).checkpoints
     complete = [c for c in list_checkpoints(ckpt_dir) if c.complete]
     last_ckpt = complete[-1] if complete else None
     next_due = {}
-    if cfg is not None:
+    if cfg is not None and not state.status.stopped:  # a stopped run saves nothing more
         if cfg.checkpoint.interval_steps:
             base = last_ckpt.step if last_ckpt else 0
             next_due["step"] = base + cfg.checkpoint.interval_steps
         if cfg.checkpoint.interval_hours and last_ckpt and last_ckpt.saved_at:
             next_due["in_seconds"] = last_ckpt.saved_at + cfg.checkpoint.interval_hours * 3600 - now
+    # The beats shown: the running job's, else those of the last job that ran.
     live_job = next((j for j in reversed(state.jobs) if j.state == JobState.RUNNING), None)
-    job_id = live_job.job_id if live_job else (state.jobs[-1].job_id if state.jobs else None)
-    nodes: dict[str, dict[str, Any]] = {}
-    # While a controller runs, the beat ages are its own (seconds since it saw each node's beat
-    # change, on its monotonic clock); without one, node clocks against this machine's.
-    seen_by_controller = _controller_beat_ages(paths, now) if lock_holder(paths.root) else {}
-    for beat in read_heartbeats(paths.heartbeats):
-        if job_id is not None and str(beat.get("job_id")) != str(job_id):
-            continue
-        host = beat.get("host", "?")
-        if live_job and live_job.nodes and host not in live_job.nodes and cfg is not None:
-            index = beat.get("rank", 0) // cfg.cluster.gpus_per_node
-            host = live_job.nodes[index] if index < len(live_job.nodes) else host
-        entry = nodes.setdefault(
-            host, {"age": 0.0, "ranks": 0, "phase": beat.get("phase"), "step": beat.get("step")}
-        )
-        raw_host = str(beat.get("host", ""))
-        age = seen_by_controller.get(raw_host, now - beat.get("beat_time", 0))
-        entry["age"] = max(entry["age"], age)
-        entry["stalled"] = max(
-            entry.get("stalled", 0.0), now - max(beat.get("progress_time", 0), beat.get("phase_started", 0))
-        )
-        entry["ranks"] += 1
+    ran = next((j for j in reversed(state.jobs) if j.started_at), state.jobs[-1] if state.jobs else None)
+    job_id = (live_job or ran).job_id if (live_job or ran) else None
+    controller = lock_holder(paths.root)
+    nodes, ranks_expected, ranks_seen = _nodes(paths, cfg, live_job, job_id, now, controller is not None)
+    events = read_events(paths.events)
+    stopped = next((e for e in reversed(events) if isinstance(e, ev.RunStopped)), None)
+    disk = next((e for e in reversed(events) if isinstance(e, ev.Disk)), None)
+    beat = read_beat(paths)
     return {
         "run": cfg.name if cfg else paths.root.name,
         "run_dir": str(paths.root),
-        "status": state.status,
-        "controller": lock_holder(paths.root),
+        "status": state.status.value,
+        "controller": controller,
+        "controller_failing_passes": beat.failing_passes if beat and controller else 0,
         "last_pass_age": (now - state.last_pass) if state.last_pass else None,
         "restarts": state.restarts,
-        "jobs": [vars(j) for j in state.jobs],
         "training": {
-            "step": last.get("step"),
+            "step": last.step if last else None,
             "total_steps": total_steps,
-            "loss": last.get("loss"),
-            "tokens_per_s": last.get("tokens_per_s"),
-            "tflops_per_gpu": last.get("tflops_per_gpu", last.get("tflops")),
-            "eta_seconds": eta,
-            "metrics_age": (now - last["time"]) if last.get("time") else None,
+            "loss": last.loss if last else None,
+            "tokens_per_s": last.tokens_per_s if last else None,
+            "tflops_per_gpu": last.tflops_per_gpu if last else None,
+            "eta_seconds": None if state.status.stopped else eta,
+            "metrics_age": (now - last.time) if last and last.time else None,
         },
         "checkpoint": {
             "dir": str(ckpt_dir),
             "last_step": last_ckpt.step if last_ckpt else None,
             "age_seconds": (now - last_ckpt.saved_at) if last_ckpt and last_ckpt.saved_at else None,
-            "size_bytes": last_ckpt.size_bytes if last_ckpt else None,
+            "bytes": last_ckpt.size_bytes if last_ckpt else None,
             "next_due": next_due,
         },
         "heartbeat_job": job_id,
+        "heartbeat_job_running": live_job is not None,
         "nodes": dict(sorted(nodes.items())),
+        "ranks_in_job": ranks_expected,
+        "ranks_beating": ranks_seen,
         "dead_after": cfg.watchdog.dead_after_seconds if cfg else 60.0,
-        "heartbeat_seconds": cfg.watchdog.heartbeat_seconds if cfg else 10.0,
+        "late_after": _late_after(cfg),
         "excluded": read_excluded(paths),
-        "events": read_events(paths, last=8),
+        "events": [e.to_dict() for e in events[-RECENT_EVENTS:]],
+        "stop_message": stopped.message if stopped and state.status.stopped else None,
+        "disk": {"level": state.disk_level, "message": disk.message if disk else ""},
+        "disk_pause": dataclasses.asdict(state.disk_pause) if state.disk_pause else None,
         "goodput": _goodput(paths, now, ckpt_dir),
     }
 
 
+def _late_after(cfg) -> float:
+    """A beat older than this is shown as late (a few missed beats; half the way to dead)."""
+    if cfg is None:
+        return 30.0
+    return max(3 * cfg.watchdog.heartbeat_seconds, cfg.watchdog.dead_after_seconds / 2)
+
+
+def _nodes(paths: RunPaths, cfg, live_job, job_id, now: float, controller_runs: bool):
+    """Per node of job `job_id`: its oldest rank beat's age, its rank count, phase and step; and
+    the ranks the job has (world size) and those that beat."""
+    nodes: dict[str, dict[str, Any]] = {}
+    # While a controller runs, the beat ages are its own (seconds since it saw each node's beat
+    # change, on its monotonic clock); without one, node clocks against this machine's.
+    seen_by_controller = _controller_beat_ages(paths, now) if controller_runs else {}
+    expected = 0
+    for beat in read_heartbeats(paths.heartbeats):
+        if job_id is not None and beat.job_id != str(job_id):
+            continue
+        expected = max(expected, beat.world_size)
+        host = beat.host
+        if live_job and live_job.nodes and host not in live_job.nodes and cfg is not None:
+            index = beat.rank // cfg.cluster.gpus_per_node
+            host = live_job.nodes[index] if index < len(live_job.nodes) else host
+        entry = nodes.setdefault(
+            host, {"age": 0.0, "rank_count": 0, "phase": beat.phase.value, "step": beat.step}
+        )
+        age = seen_by_controller.get(beat.host, now - beat.beat_time)
+        entry["age"] = max(entry["age"], age)
+        entry["rank_count"] += 1
+    return nodes, expected, sum(n["rank_count"] for n in nodes.values())
+
+
 def _controller_beat_ages(paths: RunPaths, now: float) -> dict[str, float]:
-    beat = read_beat(paths) or {}
-    ages = beat.get("node_beat_age")
+    beat = read_beat(paths)
     since = beat_file_age(paths, now)
-    if not isinstance(ages, dict) or since is None:
+    if beat is None or since is None:
         return {}
-    return {str(h): float(a) + since for h, a in ages.items() if isinstance(a, (int, float))}
+    return {host: age + since for host, age in beat.node_beat_age.items()}
 
 
 def _goodput(paths: RunPaths, now: float, ckpt_dir: Path) -> dict[str, Any] | None:
@@ -160,158 +219,46 @@ def _goodput(paths: RunPaths, now: float, ckpt_dir: Path) -> dict[str, Any] | No
             for window in ("whole_run", "last_24h")}  # fmt: skip
 
 
-def _ago(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = max(0.0, seconds)
-    if seconds < 90:
-        return f"{seconds:.0f}s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
-
-
-def _clock(stamp: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(stamp)) if stamp else "-"
-
-
-STATUS_STYLE = {
-    "running": "green",
-    "finished": "bold green",
-    "killed": "yellow",
-    "killing": "yellow",
-    "crash_loop": "bold red",
-    "restarting": "magenta",
-    "waiting": "cyan",
-    "config_error": "bold red",
-}
-
-
-def render_dashboard(run_dir: str | os.PathLike[str], data: dict[str, Any] | None = None):
-    """A rich renderable of `dashboard_data` (imports rich only here)."""
-    from rich.console import Group  # noqa: PLC0415
-    from rich.table import Table  # noqa: PLC0415
-    from rich.text import Text  # noqa: PLC0415
-
-    d = data or dashboard_data(run_dir)
-    parts = []
-    ctl = d["controller"]
-    head = Text()
-    head.append(f"run {d['run']}  ", style="bold")
-    head.append(d["status"].upper(), style=STATUS_STYLE.get(d["status"], "white"))
-    head.append(f"   restarts {d['restarts']}   controller: ")
-    head.append(
-        f"pid {ctl.get('pid')} on {ctl.get('host')}" if ctl else "not running",
-        style="green" if ctl else "red",
-    )
-    if d["last_pass_age"] is not None:
-        head.append(f" (last pass {_ago(d['last_pass_age'])} ago)")
-    parts.append(head)
-
-    jobs = Table(title="jobs", title_justify="left", expand=False, pad_edge=False)
-    for column in ("job", "why", "state", "outcome", "nodes", "started", "ended"):
-        jobs.add_column(column)
-    for job in d["jobs"][-8:]:
-        nodes = job.get("nodes") or []
-        jobs.add_row(  # Table cells are rich markup: escape (a reason may hold "[/]" or ANSI codes)
-            for_rich(job["job_id"]),
-            for_rich(job.get("reason", "")),
-            for_rich(job.get("state", "")),
-            for_rich(job.get("outcome") or ""),
-            for_rich(",".join(nodes[:4]) + ("..." if len(nodes) > 4 else "")),
-            _clock(job.get("started_at")),
-            _clock(job.get("ended_at")),
+def warnings(
+    data: dict[str, Any], pool: PoolStatus | None = None, disk_pause: DiskPause | None = None
+) -> list[str]:
+    """What a person must act on or know before trusting the screen, in words (never cut)."""
+    d = data["dashboard"]
+    run = data["run_dir"]
+    status = RunStatus(d["status"])
+    out = []
+    if status.stopped and status is not RunStatus.FINISHED:
+        out.append(
+            f"the run is stopped ({status.value}): {d['stop_message'] or 'see runctl events'}; nothing "
+            f"restarts it until `runctl resume {run}`"
         )
-    parts.append(jobs)
-
-    t, c = d["training"], d["checkpoint"]
-    line = Text()
-    step = t["step"]
-    line.append(f"step {step if step is not None else '-'}/{t['total_steps'] or '?'}  ", style="bold")
-    if t["loss"] is not None:
-        line.append(f"loss {t['loss']:.4f}  ")
-    if t["tokens_per_s"]:
-        line.append(f"{t['tokens_per_s']:,.0f} tok/s  ")
-    if t["tflops_per_gpu"]:
-        line.append(f"{t['tflops_per_gpu']:.2f} TFLOPs/GPU  ")
-    line.append(f"ETA {_ago(t['eta_seconds'])}")
-    parts.append(line)
-    ck = Text(
-        f"checkpoint: last step {c['last_step'] if c['last_step'] is not None else '-'}, "
-        f"{_ago(c['age_seconds'])} ago"
-    )
-    due = c["next_due"]
-    if due.get("step") is not None:
-        ck.append(f"; next at step {due['step']}")
-    if due.get("in_seconds") is not None:
-        ck.append(f"; next by time in {_ago(due['in_seconds'])}")
-    parts.append(ck)
-
-    if d.get("goodput") and d["goodput"]["whole_run"]["goodput"] is not None:
-        parts.append(Text(_goodput_line(d["goodput"])))
-    parts.append(_heartbeat_grid(d))
-    if d["excluded"]:
-        parts.append(
-            Text(
-                "excluded nodes: "
-                + ", ".join(
-                    f"{for_terminal(n)} ({for_terminal(v.get('reason', ''))})"
-                    for n, v in d["excluded"].items()
-                ),
-                style="yellow",
-            )
+    if not status.stopped and not d["controller"]:
+        out.append(
+            "no controller is watching this run: a failure or a hang is neither noticed nor restarted. "
+            f"The owner starts one with `runctl watch {run} --detach`"
         )
-    else:
-        parts.append(Text("excluded nodes: none"))
-    events = Table(title="recent events", title_justify="left", show_header=False, pad_edge=False, box=None)
-    events.add_column("time")
-    events.add_column("event")
-    events.add_column("detail", overflow="fold")
-    for event in d["events"]:
-        detail = {k: v for k, v in event.items() if k not in ("time", "event")}
-        events.add_row(
-            _clock(event.get("time")),
-            for_rich(event.get("event", "")),
-            for_rich(json.dumps(detail, default=str)[:110]),
+    if d["controller_failing_passes"]:
+        out.append(
+            f"the controller's last {d['controller_failing_passes']} pass(es) failed: it supervises "
+            f"nothing until one works (`runctl events {run} --type pass_failed`)"
         )
-    parts.append(events)
-    return Group(*parts)
+    if disk_pause is not None and status is RunStatus.DISK_FULL:
+        from orchestrator.controller.disk_pause import pause_message  # noqa: PLC0415
 
-
-def _goodput_line(goodput: dict[str, Any]) -> str:
-    from orchestrator.goodput import LABELS  # noqa: PLC0415
-
-    whole, day = goodput["whole_run"], goodput["last_24h"]
-    losses = sorted(
-        ((v or 0.0, k) for k, v in whole["fraction"].items() if k != "useful_training"), reverse=True
-    )[:3]
-    lost = ", ".join(f"{LABELS[k].split(' (')[0]} {v:.0%}" for v, k in losses if v > 0)
-    return (
-        f"goodput: {whole['goodput']:.1%} whole run, {day['goodput'] or 0:.1%} last 24 h"
-        + (f"; lost to {lost}" if lost else "")
-        + " (runctl report)"
-    )
-
-
-def _heartbeat_grid(d: dict[str, Any]):
-    """One cell per node: its oldest rank beat. Green fresh, yellow late, red past dead_after."""
-    from rich.text import Text  # noqa: PLC0415
-
-    grid = Text(f"heartbeats (job {d['heartbeat_job'] or '-'}, oldest beat per node):\n")
-    if not d["nodes"]:
-        grid.append("  no heartbeats yet")
-        return grid
-    late = max(3 * d["heartbeat_seconds"], d["dead_after"] / 2)
-    names = list(d["nodes"])
-    prefix = os.path.commonprefix(names) if len(names) > 1 else ""
-    prefix = prefix.rstrip("0123456789")  # node01..node48 -> "node": cells show 01..48
-    if prefix:
-        grid.append(f"  ({prefix}NN)\n")
-    width = max(len(n) - len(prefix) for n in names)
-    for index, (node, info) in enumerate(d["nodes"].items()):
-        age = info["age"]
-        style = "green" if age < late else "yellow" if age < d["dead_after"] else "bold red"
-        grid.append(f" {for_terminal(node[len(prefix) :]):>{width}} {_ago(age):>4}", style=style)
-        if (index + 1) % GRID_COLUMNS == 0:
-            grid.append("\n")
-    return grid
+        out.append(pause_message(disk_pause))
+    elif d["disk"]["level"] != "ok" and status is not RunStatus.FINISHED:
+        out.append(f"checkpoint disk {d['disk']['level']}: {d['disk']['message'] or 'see runctl events'}")
+    if pool is not None and pool.short and not status.stopped:
+        out.append(f"CRITICAL, the node pool is short: {pool.message or 'see runctl events'}")
+    if data["scheduler_problem"]:
+        out.append(
+            f"the scheduler was not asked ({data['scheduler_problem']}): job states are the controller's "
+            "records or the last seen"
+        )
+    stale = [r["job_id"] for r in data["jobs"] if r.get("stale")]
+    if stale:
+        out.append(
+            f"the scheduler no longer reports job(s) {', '.join(stale)}: their state is the last one seen "
+            "(marked ?)"
+        )
+    return out

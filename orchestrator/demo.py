@@ -18,12 +18,13 @@ on this machine through an srun shim; NOT SLURM): the mock is chosen only when a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
+
+from orchestrator.contract import Heartbeat, Phase, read_heartbeats
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "demo-cpu-4node.yaml"
@@ -102,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
     args = parser.parse_args(argv)
 
-    from orchestrator.controller import Controller, read_events
-    from orchestrator.controller.state import RunStatus
+    from orchestrator.contract.events import read_events
+    from orchestrator.contract.state import RunStatus
+    from orchestrator.controller import Controller
+    from orchestrator.event_text import clock, sentence
     from orchestrator.report import write_report
     from orchestrator.runs import submit_job
 
@@ -149,10 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     seen = {"events": 0}
 
     def on_pass(result) -> None:
-        events = read_events(controller.paths)
+        events = read_events(controller.paths.events)
         for event in events[seen["events"] :]:
-            detail = {k: v for k, v in event.items() if k not in ("time", "event", "ranks")}
-            print(f"[controller] {event['event']}: {json.dumps(detail, default=str)[:220]}", flush=True)
+            print(f"[controller] {clock(event.time)} {sentence(event)}", flush=True)
         seen["events"] = len(events)
         a = result.assessment
         if a and a.max_step is not None and int(time.time()) % 5 == 0:
@@ -168,9 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         ):
             victim = _rank_beat(controller, a.job_id, 1)
             if victim:
-                say(f"SIMULATED GPU FAILURE: SIGKILL rank 1 (pid {victim['pid']}) at step {victim['step']}")
+                say(f"SIMULATED GPU FAILURE: SIGKILL rank 1 (pid {victim.pid}) at step {victim.step}")
                 try:
-                    os.kill(victim["pid"], signal.SIGKILL)
+                    os.kill(victim.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     return
                 fault["done"] = True
@@ -186,10 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"incident {n}: {incident['cause']} in job {incident['failed_job']}; detected "
             f"{_s(incident['detection_latency_s'])} after the failure; training again after "
-            f"{_s(incident['failure_to_first_step_s'])}; resumed from step {incident['resume_step']}, "
-            f"lost {incident['work_lost_steps']} step(s); excluded {incident['excluded'] or 'none'}"
+            f"{_s(incident['failure_to_first_step_s'])}; resumed from step {incident['resume_step']}, "  # not a beat or event: the report's incident
+            f"lost {incident['work_lost_steps']} step(s); excluded {incident['excluded'] or 'none'}"  # not a beat or event: the report's incident
         )
-        path = "inside the job, on a spare (no queue)" if incident["in_allocation"] else "job-level"
+        path = (
+            "inside the job, on a spare (no queue)" if incident["in_allocation"] else "job-level"
+        )  # not a beat or event: the report's incident
         print(f"  recovery path: {path}: {incident['how']}")
     if summary["final_loss"] is not None:
         print(f"{summary['steps']} steps, final loss {summary['final_loss']:.4f}")
@@ -208,12 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if status == RunStatus.FINISHED else 1
 
 
-def _rank_beat(controller, job_id: str, rank: int) -> dict | None:
-    try:
-        beat = json.loads(controller.paths.heartbeat(rank).read_text())
-    except (OSError, ValueError):
-        return None
-    return beat if str(beat.get("job_id")) == str(job_id) and beat.get("phase") == "step" else None
+def _rank_beat(controller, job_id: str, rank: int) -> Heartbeat | None:
+    beat = next((b for b in read_heartbeats(controller.paths.heartbeats) if b.rank == rank), None)
+    return beat if beat is not None and beat.job_id == str(job_id) and beat.phase is Phase.STEP else None
 
 
 def _s(value) -> str:
@@ -221,4 +222,8 @@ def _s(value) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from orchestrator.filemodes import owner_umask
+
+    with owner_umask():  # the owner's modes for the run it makes and the controller it runs
+        code = main()
+    sys.exit(code)

@@ -1,7 +1,11 @@
 """Who watches the watcher: `runctl doctor RUN_DIR`, run from cron on any login node.
 
-Three checks, each a Finding (ok, or a problem that says what to do):
-1. controller: its heartbeat (controller.json) keeps moving while the run is not stopped.
+Four checks, each a Finding (ok, or a problem that says what to do):
+1. controller: it runs, and its heartbeat (controller.json) keeps moving while the run is not
+   stopped. It runs when the pid in its heartbeat is alive (the doctor on the controller's own
+   host), or when something holds the run's lock (elsewhere: flock is cluster-wide on GPFS and
+   Lustre with `flock`; where it is not, the message says to run the doctor on that host). A
+   recorded pid that exited is a dead controller, however fresh its last beat.
    Judged by the pass counter in the file against the doctor's own memory of it (a small JSON
    file per run under the user's state directory, with the time of the look by the doctor's
    clock): stale when `passes` has not moved for longer than `stale_after`. Two looks of the
@@ -12,6 +16,11 @@ Three checks, each a Finding (ok, or a problem that says what to do):
    job ends the controller needs a pass to resubmit, so only an absence longer than `grace`
    counts.
 3. disk: the next checkpoint fits (orchestrator.controller.disk); critical is a problem.
+5. pool: the controller's last look at SLURM's nodes left fewer usable than the job needs
+   (exclusions, down, drained, reserved): the job pends until nodes return.
+4. passes: a controller that runs but whose last FAILING_PASSES_PROBLEM passes or more all failed
+   (controller.json's failing_passes) supervises nothing: a kill is not acted on, a failure not
+   restarted. One failed pass is routine (squeue timing out); several in a row are a problem.
 
 Problems are notified (orchestrator.notify, kind "failure") when they change, not on every cron
 run. Reading only: the doctor writes nothing in the run directory (it may not be the owner).
@@ -21,15 +30,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.controller_heartbeat import beat_file_age, read_beat
-from orchestrator.protocol import JobState, RunPaths, atomic_write_json, read_json
+from orchestrator.contract import JobState, RunPaths, atomic_write_json, read_json
+from orchestrator.contract.controller_beat import ControllerBeat, beat_file_age, read_beat
+from orchestrator.contract.state import ControllerState, RunStatus, load_state
 
-STOPPED = ("killed", "finished", "crash_loop", "config_error")
+STOPPED = tuple(status.value for status in RunStatus.STOPPED)
+FAILING_PASSES_PROBLEM = 3  # in a row: with the controller's backoff, 7 poll intervals at least
 LIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.COMPLETING, JobState.HELD)
 
 
@@ -63,8 +75,15 @@ def check_controller(
             f"no controller heartbeat ({paths.controller_heartbeat.name} missing): no controller has "
             f"supervised this run since it was submitted; start one: runctl watch {paths.root} --detach",
         )  # fmt: skip
-    passes = int(beat.get("passes") or 0)
-    who = f"pid {beat.get('pid')} on {beat.get('host')}"
+    passes = beat.passes
+    who = f"pid {beat.pid} on {beat.host}"
+    gone = controller_gone(paths, beat)
+    if gone:
+        return Finding(
+            "controller", False,
+            f"no controller is running: {gone}. Start one: runctl watch {paths.root} --detach "
+            "(or runctl doctor --restart-controller as the owner)",
+        )  # fmt: skip
     seen = memory.get("controller") or {}
     if seen.get("passes") == passes and isinstance(seen.get("seen_at"), (int, float)):
         quiet = now - float(seen["seen_at"])
@@ -79,23 +98,70 @@ def check_controller(
         return Finding(
             "controller", False,
             f"the controller ({who}) is stale: {how}, more than {stale_after:.0f} s. If it hangs, "
-            f"kill it on {beat.get('host')}; then start one: runctl watch {paths.root} --detach "
+            f"kill it on {beat.host}; then start one: runctl watch {paths.root} --detach "
             "(or runctl doctor --restart-controller as the owner)",
         )  # fmt: skip
-    failing = int(beat.get("failing_passes") or 0)
+    failing = beat.failing_passes
     note = f"; its last {failing} pass(es) failed (see runctl events)" if failing else ""
     return Finding("controller", True, f"controller {who} alive: {passes} passes{note}")
 
 
+def check_passes(paths: RunPaths, status: str) -> Finding:
+    """A controller alive but failing every pass is not supervising (the `passes` check)."""
+    beat = None if status in STOPPED else read_beat(paths)
+    failing = beat.failing_passes if beat is not None else 0
+    if failing >= FAILING_PASSES_PROBLEM:
+        return Finding(
+            "passes", False,
+            f"the controller's last {failing} passes failed: it runs but supervises nothing (a kill or a "
+            f"failure is not acted on). `runctl events {paths.root}` shows the error of each "
+            "(pass_failed); fix its cause, the controller retries on its own",
+        )  # fmt: skip
+    return Finding("passes", True, f"{failing} failed pass(es) in a row" if failing else "passes succeed")
+
+
+def check_pool(state: ControllerState, status: str) -> Finding:
+    """The controller's last judgment of the node pool (controller/pool.py): too few nodes for the
+    job means it pends until nodes return, a problem however healthy the rest is."""
+    pool = state.pool
+    if status in STOPPED or pool is None or not pool.short:
+        usable = f"{pool.usable} usable of {pool.needed} needed" if pool else "not judged yet"
+        return Finding("pool", True, f"node pool: {usable}")
+    return Finding("pool", False, f"node pool short: {pool.message or 'see runctl events (pool_short)'}")
+
+
+def controller_gone(paths: RunPaths, beat: ControllerBeat) -> str | None:
+    """Why the controller of `beat` is not running, or None when it may be."""
+    from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
+
+    pid, host = beat.pid, beat.host
+    if host == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return f"its pid {pid} on this host ({host}) has exited"
+        except PermissionError:
+            pass  # alive, another user's
+        return None
+    if lock_holder(paths.root) is None:
+        return (
+            f"nothing holds the run's lock (controller.lock), and the last controller was pid {pid} on {host}. "
+            f"If this filesystem's flock is not cluster-wide (docs/security.md, Locks), run the doctor on {host}"
+        )
+    return None
+
+
 def check_job(
-    run_root: Path, status: str, scheduler: Any, state: dict[str, Any], now: float, grace: float
+    run_root: Path, status: str, scheduler: Any, state: ControllerState, now: float, grace: float
 ) -> Finding:
     if status in STOPPED:
         return Finding("job", True, f"the run is {status}: no job needed")
+    if status == RunStatus.DISK_FULL.value:  # the disk finding says what to delete
+        return Finding("job", True, "the run is paused on a full disk: no job until there is room")
     from orchestrator.errors import SchedulerError  # noqa: PLC0415
     from orchestrator.runs import recorded_jobs  # noqa: PLC0415 - pulls in the config models
 
-    ids = [str(r["job_id"]) for r in recorded_jobs(run_root)]
+    ids = [r.job_id for r in recorded_jobs(run_root)]
     try:
         infos = scheduler.jobs(ids) if ids else {}
     except SchedulerError as exc:
@@ -104,7 +170,7 @@ def check_job(
     if live:
         return Finding("job", True, f"job(s) {', '.join(sorted(live))} queued or running")
     ends = [info.end_time for info in infos.values() if info.end_time]
-    ends += [j.get("ended_at") for j in state.get("jobs", []) if isinstance(j, dict) and j.get("ended_at")]
+    ends += [j.ended_at for j in state.jobs if j.ended_at]
     last_end = max(ends) if ends else None
     if last_end is not None and now - last_end < grace:
         return Finding(
@@ -142,7 +208,7 @@ def diagnose(
     state_dir: str | os.PathLike[str] | None = None,
     now: float | None = None,
 ) -> tuple[list[Finding], dict[str, Any], Path]:
-    """The three findings, the doctor's memory (updated, not yet saved) and where it lives."""
+    """The four findings, the doctor's memory (updated, not yet saved) and where it lives."""
     paths = RunPaths.of(run_dir)
     now = now if now is not None else time.time()
     where = memory_path(paths.root, state_dir)
@@ -150,12 +216,17 @@ def diagnose(
         memory = read_json(where) or {}
     except (OSError, ValueError):
         memory = {}
-    state = read_json(paths.state) or {}
-    status = str(state.get("status", "")) if isinstance(state, dict) else ""
+    try:
+        state = load_state(paths)
+    except ValueError:  # malformed or newer: judged as a run that has not started
+        state = ControllerState()
+    status = state.status.value if paths.state.exists() else ""
     findings = [
         check_controller(paths, status, memory, now, stale_after),
-        check_job(paths.root, status, scheduler, state if isinstance(state, dict) else {}, now, grace),
+        check_job(paths.root, status, scheduler, state, now, grace),
         check_disk_space(paths, cfg),
+        check_passes(paths, status),
+        check_pool(state, status),
     ]
     return findings, memory, where
 

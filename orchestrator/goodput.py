@@ -40,7 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.protocol import MANIFEST_NAME, RunPaths, read_json, read_jsonl, step_of
+from orchestrator.contract import MANIFEST_NAME, ContractError, RunPaths, read_metrics, step_of
+from orchestrator.contract import events as ev
+from orchestrator.contract.events import read_events
+from orchestrator.contract.state import ControllerState, load_state
 
 DAY_SECONDS = 86400.0
 CLOCK_SKEW_SECONDS = 60.0  # a save that ends this much after the next step's start is still its save
@@ -251,10 +254,10 @@ def _paint(spans: Iterable[tuple[float, float, str]], start: float, end: float) 
 
 
 # -- reading a run directory ----------------------------------------------------------------------
-_CACHE: dict[tuple[str, str], tuple[tuple, tuple[Timeline, dict[str, Any]]]] = {}  # one entry per run
+_CACHE: dict[tuple[str, str], tuple[tuple, tuple[Timeline, RunRecords]]] = {}  # one entry per run
 
 
-def _cached_timeline(paths: RunPaths, checkpoints_dir: Path | None) -> tuple[Timeline, dict[str, Any]]:
+def _cached_timeline(paths: RunPaths, checkpoints_dir: Path | None) -> tuple[Timeline, RunRecords]:
     """timeline_of, parsed again only when one of its files changed: the dashboard and the metrics
     exporter ask on every refresh, and a month of metrics.jsonl is ~100k lines."""
     ckpt = Path(checkpoints_dir or paths.checkpoints)
@@ -274,51 +277,46 @@ def _stat(path: Path) -> tuple[int, int, int] | None:
     return info.st_ino, info.st_size, info.st_mtime_ns  # a rename (atomic write) changes the inode
 
 
-def timeline_of(paths: RunPaths, checkpoints_dir: Path | None = None) -> tuple[Timeline, dict[str, Any]]:
+def timeline_of(paths: RunPaths, checkpoints_dir: Path | None = None) -> tuple[Timeline, RunRecords]:
     """The Timeline of a run from state.json, events.jsonl, metrics.jsonl and the manifests, and
-    the raw state (for the window's end)."""
-    state = read_json(paths.state) or {}
-    events = [e for e in read_jsonl(paths.events) if isinstance(e, dict)]
+    the records it came from (for the window's end)."""
+    try:
+        state = load_state(paths)
+    except ContractError:
+        state = ControllerState()
+    events = read_events(paths.events)
     loads: dict[str, float] = {}  # per job, summed over its launches (a job with spares relaunches)
     for e in events:
-        if e.get("event") == "job_training":
-            job_id = str(e.get("job_id"))
-            loads[job_id] = loads.get(job_id, 0.0) + float(e.get("checkpoint_load_seconds") or 0.0)
+        if isinstance(e, ev.JobTraining):
+            loads[e.job_id] = loads.get(e.job_id, 0.0) + (e.checkpoint_load_seconds or 0.0)
     tl = Timeline()
-    for job in state.get("jobs", []) if isinstance(state, dict) else []:
-        if not isinstance(job, dict) or job.get("submitted_at") is None:
-            continue
-        job_id = str(job.get("job_id"))
+    for job in state.jobs:
         tl.jobs.append(
-            Job(job_id, float(job["submitted_at"]), _f(job.get("started_at")), _f(job.get("ended_at")),
-                loads.get(job_id, 0.0))
-        )  # fmt: skip
-    for line in read_jsonl(paths.metrics):
-        if line.get("step") is None or line.get("time") is None:
-            continue
-        tl.steps.append(
-            StepLine(int(line["step"]), float(line["time"]), float(line.get("step_seconds") or 0.0),
-                     "eval_loss" in line,
-                     str(line["job_id"]) if line.get("job_id") is not None else None)
-        )  # fmt: skip
-    for event in events:
-        kind = event.get("event")
-        if kind in ("failure", "restart") and event.get("failure_time") is not None:
-            detected = event.get("detection_time", event.get("time"))
-            if detected is not None:
-                tl.failures.append((float(event["failure_time"]), float(detected)))
-        if kind == "restart" and event.get("resume_step") is not None:
-            tl.resumes.append(
-                (float(event.get("restart_time", event.get("time", 0.0))), int(event["resume_step"]))
+            Job(job.job_id, job.submitted_at, job.started_at, job.ended_at, loads.get(job.job_id, 0.0))
+        )
+    for line in read_metrics(paths.metrics):
+        if line.time:
+            tl.steps.append(
+                StepLine(
+                    line.step, line.time, line.step_seconds or 0.0, line.eval_loss is not None, line.job_id
+                )
             )
-        if (
-            kind == "checkpoint_complete"
-            and event.get("step") is not None
-            and event.get("saved_at") is not None
-        ):
-            tl.saves.append((int(event["step"]), float(event["saved_at"])))
+    for event in events:
+        if isinstance(event, (ev.Failure, ev.Restart)) and event.failure_time is not None:
+            detected = event.detection_time if event.detection_time is not None else event.time
+            if detected is not None:
+                tl.failures.append((event.failure_time, detected))
+        if isinstance(event, ev.Restart):
+            tl.resumes.append(
+                (
+                    event.restart_time if event.restart_time is not None else event.time or 0.0,
+                    event.resume_step,
+                )
+            )
+        if isinstance(event, ev.CheckpointComplete) and event.saved_at is not None:
+            tl.saves.append((event.step, event.saved_at))
     tl.saves += _manifest_saves(checkpoints_dir or paths.checkpoints)
-    return tl, {"state": state, "events": events}
+    return tl, RunRecords(state, events)
 
 
 def _manifest_saves(ckpt_dir: Path) -> list[tuple[int, float]]:
@@ -338,25 +336,23 @@ def _manifest_saves(ckpt_dir: Path) -> list[tuple[int, float]]:
     return out
 
 
-def _f(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) else None
+@dataclass
+class RunRecords:
+    state: ControllerState
+    events: list[ev.Event]
 
 
-STOPPED_STATUSES = ("killed", "finished", "crash_loop", "config_error")
-
-
-def run_window(tl: Timeline, raw: dict[str, Any], now: float) -> tuple[float, float]:
+def run_window(tl: Timeline, raw: RunRecords, now: float) -> tuple[float, float]:
     """[first submission, end]: the end is when the run stopped (its last job's end or the
     run_stopped event, whichever is later) when it is stopped, else now."""
     starts = [j.submitted_at for j in tl.jobs]
     if not starts:
         return now, now
     start = min(starts)
-    state = raw.get("state") or {}
-    if isinstance(state, dict) and state.get("status") in STOPPED_STATUSES:
-        stops = [e.get("time") for e in raw.get("events", []) if e.get("event") == "run_stopped"]
+    if raw.state.status.stopped:
+        stops = [e.time for e in raw.events if isinstance(e, ev.RunStopped) and e.time is not None]
         ends = [j.ended_at for j in tl.jobs if j.ended_at is not None]
-        candidates = [float(t) for t in [*stops[-1:], *ends] if isinstance(t, (int, float))]
+        candidates = [*stops[-1:], *ends]
         if candidates:
             return start, max(start, max(candidates))
     return start, max(start, now)

@@ -1,106 +1,187 @@
-"""Notifications: a JSON POST to a webhook and/or an email over SMTP, as the config says.
+"""Notifications through apprise: Slack, Teams, PagerDuty, Matrix, e-mail, JSON webhooks and a
+hundred more services from one URL scheme (https://github.com/caronc/apprise/wiki).
 
-A notification that fails is logged (returned and written to events.jsonl by the caller), never
+Where notifications go (config `notifications`):
+- `urls`: apprise URLs, e.g. `slack://T000/B000/XXXX`, `msteams://...`, `pagerduty://KEY@APIKEY`,
+  `matrix://user:pass@host/#room`, `mailtos://user:pass@smtp.example.org?to=oncall@example.org`;
+- `webhook` (kept from before apprise): an http(s) URL. A URL apprise knows natively (a Slack or
+  Discord hook ...) goes to that service; any other gets apprise's JSON POST, with the message
+  under "text" (what Slack-style receivers read) and "run", "event" and "host" beside it; the
+  details are lines of the text;
+- `email` (kept): an SMTP relay without login, sent as apprise's `mailto://host:port?from=&to=`.
+
+A notification that fails is reported (returned; the caller writes it to events.jsonl), never
 raised: a flaky chat server must not stop the controller that keeps a 384-GPU run alive.
 
-A webhook URL is a secret (whoever has it can post to the channel: Slack and Teams put the token in
-the path), and events.jsonl is readable by every operator: a problem names the webhook only by its
-scheme and host (`redact_url`), and the exception text is scrubbed of the URL too.
+A notification URL is a secret (whoever has it can post: Slack and Teams put the token in the
+path, PagerDuty and Matrix in the user and host parts), and events.jsonl and controller.log are
+read by every operator. So a problem names a destination only by `redact_url` (the scheme, plus
+the host for the services whose host is a server), apprise's own log is captured per call and
+scrubbed of every part of the URL, and nothing of apprise's reaches the process's logging.
 """
 
 from __future__ import annotations
 
-import json
-import smtplib
+import contextlib
+import logging
+import re
 import socket
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from email.message import EmailMessage
+from collections.abc import Iterator
 from typing import Any
+
+# Services whose URL host is a server's name, not a token: the redacted form keeps it.
+SERVER_SCHEMES = ("http", "https", "json", "jsons", "mailto", "mailtos", "xml", "xmls", "form", "forms")
+FAILURE_KINDS = ("failure", "hang", "crash_loop", "disk")
+SUCCESS_KINDS = ("finish",)
+
+
+def destinations(settings: Any, run_name: str, kind: str) -> list[tuple[str, str]]:
+    """(how a problem names it, apprise URL) of each destination of one notification: `urls`, then
+    the webhook and the e-mail relay."""
+    found = [(redact_url(url), url) for url in getattr(settings, "urls", None) or []]
+    if settings.webhook:
+        found.append(
+            (f"webhook {redact_url(settings.webhook)}", webhook_url(settings.webhook, run_name, kind))
+        )
+    if settings.email is not None:
+        found.append(
+            (f"email via {settings.email.smtp_host}:{settings.email.smtp_port}", email_url(settings.email))
+        )
+    return found
+
+
+def webhook_url(url: str, run_name: str, kind: str) -> str:
+    """A `webhook:` http(s) URL as apprise's: the service's own when apprise knows the URL
+    (hooks.slack.com ...), else its JSON POST with "text", "run", "event" and "host"."""
+    if _known(url):
+        return url
+    parts = urllib.parse.urlsplit(url)
+    extras = urllib.parse.urlencode(
+        {":message": "text", ":run": run_name, ":event": kind, ":host": socket.gethostname()}
+    )
+    query = f"{parts.query}&{extras}" if parts.query else extras
+    scheme = "jsons" if parts.scheme == "https" else "json"
+    return urllib.parse.urlunsplit((scheme, parts.netloc, parts.path or "/", query, ""))
+
+
+def email_url(email: Any) -> str:
+    """The `email:` section (an SMTP relay without login) as apprise's mailto:// URL."""
+    query = urllib.parse.urlencode({"from": email.sender, "to": ",".join(email.to), "smtp": email.smtp_host})
+    return f"mailto://{email.smtp_host}:{email.smtp_port}?{query}"
 
 
 def notify(
     settings: Any, run_name: str, kind: str, message: str, details: dict[str, Any] | None = None
 ) -> list[str]:
-    """Send `kind` (failure, hang, restart, kill, crash_loop, finish, disk) where configured.
-
-    Returns the list of problems (empty when everything that was configured got through).
-    """
+    """Send `kind` (failure, hang, restart, kill, crash_loop, finish, disk, straggler, health) where
+    configured. Returns the problems (empty when every destination got it)."""
     if settings is None or kind not in (settings.events or []):
         return []
-    payload = {
-        "run": run_name,
-        "event": kind,
-        "message": message,
-        "time": time.time(),
-        "host": socket.gethostname(),
-        "details": details or {},
-    }
-    problems: list[str] = []
-    if settings.webhook:
-        problems += _post_webhook(settings.webhook, payload, settings.timeout_seconds)
-    if settings.email is not None:
-        problems += _send_email(settings.email, payload, settings.timeout_seconds)
+    title = " ".join(f"[{run_name}] {kind}: {message}".split())[:160]  # one line: an e-mail subject
+    body = "\n".join([message, *(f"{key}: {value}" for key, value in (details or {}).items())])
+    problems = []
+    for label, url in destinations(settings, run_name, kind):
+        why = _send(url, title, body, kind, settings.timeout_seconds)
+        if why:
+            problems.append(f"{label}: {why}")
+    return problems
+
+
+def _send(url: str, title: str, body: str, kind: str, timeout: float) -> str | None:
+    """One destination; the scrubbed reason when it failed."""
+    import apprise  # noqa: PLC0415 - slow-ish import, only when notifying
+
+    sender = apprise.Apprise()
+    with _apprise_quiet():
+        added = sender.add(url)
+    if not added:
+        return "not a URL apprise knows (see https://github.com/caronc/apprise/wiki)"
+    notify_type = (
+        apprise.NotifyType.FAILURE
+        if kind in FAILURE_KINDS
+        else apprise.NotifyType.SUCCESS
+        if kind in SUCCESS_KINDS
+        else apprise.NotifyType.WARNING
+    )
+    try:
+        with _apprise_quiet():
+            result = sender.notify(body=body, title=title, notify_type=notify_type, timeout=timeout)
+    except Exception as exc:  # an apprise bug must not stop the controller
+        return _scrub(f"{type(exc).__name__}: {exc}", url)
+    if result:
+        return None
+    reasons = "; ".join(entry.message for entry in result.logs())[:500] or "not delivered"
+    return _scrub(reasons, url)
+
+
+@contextlib.contextmanager
+def _apprise_quiet() -> Iterator[None]:
+    """Nothing apprise logs reaches the process's handlers (its messages may hold a URL); what a
+    failed send says comes back through its result and is scrubbed."""
+    log = logging.getLogger("apprise")
+    propagate, log.propagate = log.propagate, False
+    try:
+        yield
+    finally:
+        log.propagate = propagate
+
+
+def _known(url: str) -> bool:
+    """apprise parses `url` into a service with at least one target (an e-mail whose addresses it
+    refuses, e.g. `ops@team` without a dotted domain, has none)."""
+    import apprise  # noqa: PLC0415
+
+    with _apprise_quiet():
+        service = apprise.Apprise.instantiate(url, suppress_exceptions=True)
+    return service is not None and len(service) > 0
+
+
+def unknown_urls(settings: Any, run_name: str = "run") -> list[str]:
+    """What apprise cannot send to, redacted, naming the config key (for the pre-flight)."""
+    problems = [
+        f"notifications.urls: {redact_url(url)} is not a URL apprise knows (see "
+        "https://github.com/caronc/apprise/wiki)"
+        for url in getattr(settings, "urls", None) or []
+        if not _known(url)
+    ]
+    if settings.email is not None and not _known(email_url(settings.email)):
+        problems.append(
+            f"notifications.email: apprise refuses sender {settings.email.sender!r} or recipients "
+            f"{list(settings.email.to)!r}: give full addresses (name@example.org; only localhost may go "
+            "without a dotted domain)"
+        )
     return problems
 
 
 def redact_url(url: str) -> str:
-    """scheme://host[:port]/<redacted>: enough to tell which service failed, not to post to it."""
+    """scheme://host[:port]/<redacted> for services whose host is a server, scheme://<redacted>
+    for the others (slack://TOKEN/..., pagerduty://KEY@APIKEY): enough to tell which destination
+    failed, not to post to it."""
     try:
         parts = urllib.parse.urlsplit(url)
+        scheme = parts.scheme or "?"
+        if scheme not in SERVER_SCHEMES:
+            return f"{scheme}://<redacted>"
         host = parts.hostname or "?"
         port = f":{parts.port}" if parts.port else ""
     except ValueError:
-        return "<webhook URL redacted>"
-    return f"{parts.scheme or '?'}://{host}{port}/<redacted>"
+        return "<notification URL redacted>"
+    return f"{scheme}://{host}{port}/<redacted>"
 
 
 def _scrub(text: str, url: str) -> str:
-    """Remove the URL (and its path and query, which hold the token) from an error message."""
+    """Remove the URL and every part of it that may be a secret (path, query, user, password, and
+    the host of a service whose host is a token) from a message, in any letter case."""
     try:
         parts = urllib.parse.urlsplit(url)
-        secrets = [url, parts.path, parts.query, parts.username or "", parts.password or ""]
+        pieces = [url, parts.path, parts.query, parts.username or "", parts.password or ""]
+        pieces += [p for p in parts.path.split("/") if len(p) >= 6]
+        if parts.scheme not in SERVER_SCHEMES:
+            pieces += [parts.netloc, *re.split(r"[@:]", parts.netloc)]
+        pieces += [urllib.parse.quote(p, safe="") for p in pieces if p]
     except ValueError:
-        secrets = [url]
-    for secret in sorted((s for s in secrets if s and s != "/"), key=len, reverse=True):
-        text = text.replace(secret, "<redacted>")
+        pieces = [url]
+    for secret in sorted({s for s in pieces if s and s != "/"}, key=len, reverse=True):
+        text = re.sub(re.escape(secret), "<redacted>", text, flags=re.IGNORECASE)
     return text
-
-
-def _post_webhook(url: str, payload: dict[str, Any], timeout: float) -> list[str]:
-    # Slack-style hooks show "text"; everything else reads the structured fields.
-    body = json.dumps(
-        {"text": f"[{payload['run']}] {payload['event']}: {payload['message']}", **payload}
-    ).encode()
-    request = urllib.request.Request(
-        url, data=body, headers={"Content-Type": "application/json"}, method="POST"
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - URL from the config
-            if response.status >= 300:
-                return [f"webhook {redact_url(url)}: HTTP {response.status}"]
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return [f"webhook {redact_url(url)}: {_scrub(str(exc), url)}"]
-    return []
-
-
-def _send_email(email: Any, payload: dict[str, Any], timeout: float) -> list[str]:
-    msg = EmailMessage()
-    # A header is one line: a newline in a message (a reason, srun's output) would make
-    # EmailMessage raise, and the notification would be lost.
-    subject = " ".join(f"[{payload['run']}] {payload['event']}: {payload['message']}".split())
-    msg["Subject"] = subject[:160]
-    msg["From"] = email.sender
-    msg["To"] = ", ".join(email.to)
-    msg.set_content(
-        f"{payload['message']}\n\nrun: {payload['run']}\nevent: {payload['event']}\n"
-        f"controller host: {payload['host']}\n\n{json.dumps(payload['details'], indent=2, default=str)}\n"
-    )
-    try:
-        with smtplib.SMTP(email.smtp_host, email.smtp_port, timeout=timeout) as smtp:
-            smtp.send_message(msg)
-    except (smtplib.SMTPException, OSError) as exc:
-        return [f"email via {email.smtp_host}:{email.smtp_port}: {exc}"]
-    return []

@@ -13,12 +13,14 @@ Modes set by `prepare_permissions` (the controller calls it at start):
     state.json,
     events.jsonl,
     audit.jsonl        0644  (within the 2750 root: operators read them; only the owner writes)
-    control/           2770  operators' group: the drop box for kill/resume requests; setgid so a
-                             request belongs to the group. Without a usable operators.group it is
-                             0700: only the owner may drop requests (never the owner's whole
-                             primary group).
+    control/           2770  operators' group: the drop box for kill, resume and nodes-clear
+                             requests; setgid so a request belongs to the group. Without a usable
+                             operators.group it is 0700: only the owner may drop requests (never
+                             the owner's whole primary group). Nothing in it is ever chmodded.
     accepted/          0755  requests the controller authenticated (see controller/requests.py)
     quarantine/        0700  what the controller refused or could not read safely, kept as evidence
+Made owner-only by others: jobs/<id>/ 0700 (runs.submit_job, the job script, the launcher),
+.private/ 0700 and excluded-nodes.json 0644 (controller/exclude.py).
 
 A non-operator cannot read the run at all (the root is 2750), so there is nothing to attempt and
 nothing for such a user to write: the audit trail holds what the controller authenticated.
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import getpass
 import grp
-import json
 import os
 import pwd
 import secrets
@@ -46,8 +47,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract import (
+    RequestBody,
+    RunPaths,
+    UntrustedFileError,
+    loads_bounded,
+    read_untrusted,
+)
+from orchestrator.contract import events as ev
+from orchestrator.contract.audit import AuditRecord, write_audit
+from orchestrator.contract.audit import read_audit as read_audit_file
+from orchestrator.contract.paths import INBOX_NAME
 from orchestrator.errors import PermissionDeniedError
-from orchestrator.protocol import RunPaths, UntrustedFileError, append_jsonl, read_jsonl, read_untrusted
 from orchestrator.textsafe import cap, for_terminal
 
 ROOT_MODE = 0o2750
@@ -58,9 +69,7 @@ QUARANTINE_DIR_MODE = 0o700
 TRUSTED_FILE_MODE = 0o644  # state.json, events.jsonl, audit.jsonl
 SECRET_FILE_MODE = 0o640  # run.yaml
 SECRET_SCRIPT_MODE = 0o750  # jobs/*/job.sbatch
-INBOX_NAME = "audit-inbox"
 INBOX_MODE = 0o1733
-QUARANTINE_NAME = "quarantine"
 QUARANTINE_MAX_ENTRIES = 200  # beyond this, a refused entry is deleted and only its record kept
 INBOX_MAX_PER_PASS = 50  # a flood of inbox files costs the controller at most this much per pass
 INBOX_MAX_BYTES = 4096
@@ -138,18 +147,18 @@ def audit(paths: RunPaths, user: User, action: str, reason: str, allowed: bool, 
     """Record an action taken by the owner's own CLI (the owner's processes are the only writers of
     audit.jsonl). Anyone else's request is audited by the controller when it authenticates the
     request file; what a client says about itself is not evidence, so nothing else is written."""
-    record = {
-        "time": time.time(),
-        "user": user.name,
-        "uid": user.uid,
-        "host": socket.gethostname(),
-        "action": action,
-        "reason": cap(for_terminal(reason)),
-        "allowed": allowed,
-        **extra,
-    }
+    record = AuditRecord(
+        user=user.name,
+        uid=user.uid,
+        action=action,
+        reason=cap(for_terminal(reason)),
+        allowed=allowed,
+        host=socket.gethostname(),
+        via="runctl",
+        details=extra,
+    )
     if _is_owner(paths):
-        append_jsonl(paths.audit, record)
+        write_audit(paths.audit, record)
 
 
 def require_operator(paths: RunPaths, operators: Any, action: str) -> User:
@@ -185,7 +194,7 @@ def cannot_write_control(paths: RunPaths, operators: Any, user: User, exc: OSErr
 
 
 # -- the audit inbox --------------------------------------------------------------------------------
-def merge_inbox(paths: RunPaths, clock=time.time) -> list[dict[str, Any]]:
+def merge_inbox(paths: RunPaths, clock=time.time) -> list[ev.Event]:
     """Drain the audit-inbox/ of a run directory made before issue 12 into audit.jsonl (run as the
     owner; read_requests calls it every pass). New runs have no inbox.
 
@@ -193,12 +202,12 @@ def merge_inbox(paths: RunPaths, clock=time.time) -> list[dict[str, Any]]:
     through the inbox); action and reason are sanitised and capped. A file that is not a small
     regular file, or not a JSON object, is quarantined. Each file is handled once (moved or
     removed), at most INBOX_MAX_PER_PASS per call. Returns events for events.jsonl."""
-    inbox = paths.root / INBOX_NAME
+    inbox = paths.audit_inbox
     try:
         names = sorted(os.listdir(inbox))[:INBOX_MAX_PER_PASS]
     except OSError:
         return []
-    events: list[dict[str, Any]] = []
+    events: list[ev.Event] = []
     for name in names:
         path = inbox / name
         try:
@@ -209,63 +218,71 @@ def merge_inbox(paths: RunPaths, clock=time.time) -> list[dict[str, Any]]:
             events.append(quarantine(paths, path, exc.reason, clock))
             continue
         try:
-            record = json.loads(data.decode("utf-8", errors="replace"))
+            record = loads_bounded(data)
         except ValueError:
             record = None
         if not isinstance(record, dict):
             events.append(quarantine(paths, path, "not a JSON object", clock))
             continue
         writer = User.of_uid(info.st_uid)
-        append_jsonl(
+        body = RequestBody.parse(record)
+        action = (
+            record.get("action") if isinstance(record.get("action"), str) else "?"
+        )  # a legacy inbox file's own key
+        write_audit(
             paths.audit,
-            {
-                "time": info.st_mtime,
-                "user": writer.name,
-                "uid": writer.uid,
-                "action": cap(for_terminal(record.get("action", "?")), 80),
-                "reason": cap(for_terminal(record.get("reason", ""))),
-                "allowed": False,
-                "via": INBOX_NAME,
-            },
+            AuditRecord(
+                user=writer.name,
+                uid=writer.uid,
+                action=cap(for_terminal(action), 80),
+                reason=cap(for_terminal(body.reason)),
+                allowed=False,
+                time=info.st_mtime,
+                via=INBOX_NAME,
+            ),
         )
         path.unlink(missing_ok=True)
     return events
 
 
-def quarantine(paths: RunPaths, path: Path, why: str, clock=time.time) -> dict[str, Any]:
+def quarantine(
+    paths: RunPaths, path: Path, why: str, clock=time.time
+) -> ev.Quarantined | ev.QuarantineSkipped:
     """Move `path` (never following it) into the owner-only quarantine/, as evidence; when that
     holds QUARANTINE_MAX_ENTRIES already, delete it and keep only the record. Returns the event."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
-        return {"event": "quarantine_skipped", "file": str(path), "why": "gone before it could be moved"}
+        return ev.QuarantineSkipped(file=str(path), why="gone before it could be moved")
     writer = User.of_uid(info.st_uid)
-    event: dict[str, Any] = {
-        "event": "quarantined",
-        "file": str(path),
-        "why": why,
-        "user": writer.name,
-        "uid": info.st_uid,
-        "kind": _kind(info.st_mode),
-        "size": info.st_size,
-    }
-    folder = paths.root / QUARANTINE_NAME
+    outcome: dict[str, str] = {}
+    folder = paths.quarantine
     try:
         folder.mkdir(mode=QUARANTINE_DIR_MODE, exist_ok=True)
         held = len(os.listdir(folder))
         if held < QUARANTINE_MAX_ENTRIES:
             target = folder / f"{int(clock() * 1000)}-{writer.name}-{path.name}-{secrets.token_hex(3)}"
             os.rename(path, target)
-            event["moved_to"] = str(target)
+            outcome["moved_to"] = str(target)
         else:
             if stat.S_ISDIR(info.st_mode):
                 os.rmdir(path)
             else:
                 os.unlink(path)
-            event["deleted"] = f"quarantine/ holds {held} entries already: only this record is kept"
+            outcome["deleted"] = f"quarantine/ holds {held} entries already: only this record is kept"
     except OSError as exc:
-        event["left_in_place"] = f"could not be moved or deleted ({exc.strerror}); it is ignored from now on"
-    return event
+        outcome["left_in_place"] = (
+            f"could not be moved or deleted ({exc.strerror}); it is ignored from now on"
+        )
+    return ev.Quarantined(
+        file=str(path),
+        why=why,
+        user=writer.name,
+        uid=info.st_uid,
+        kind=_kind(info.st_mode),
+        size=info.st_size,
+        **outcome,
+    )
 
 
 def _kind(mode: int) -> str:
@@ -283,8 +300,8 @@ def _kind(mode: int) -> str:
     return "unknown"
 
 
-def read_audit(paths: RunPaths) -> list[dict[str, Any]]:
-    return [r for r in read_jsonl(paths.audit) if isinstance(r, dict)]
+def read_audit(paths: RunPaths) -> list[AuditRecord]:
+    return read_audit_file(paths.audit)
 
 
 # -- modes -----------------------------------------------------------------------------------------
@@ -300,22 +317,39 @@ def operators_gid(operators: Any) -> tuple[int | None, str | None]:
 
 def _set_mode(path: Path, mode: int, gid: int | None, warnings: list[str]) -> None:
     """chgrp (when gid) and chmod `path` through a descriptor opened without following links, and
-    only if it is a regular file or folder the owner owns: what another user planted is left alone
-    (check_trust reports it; the request intake quarantines it)."""
+    only if it is a folder or a single-link regular file the owner owns. Another user's file is
+    left alone silently (a request in control/; check_trust reports one anywhere else); a link, a
+    FIFO or a hard link is left alone with a warning: a hard link's other name may be the owner's
+    ~/.bashrc, which a chmod here would open to the group."""
+    skipped = _why_not_set(path, mode, gid, warnings)
+    if skipped and not skipped.startswith("owned by"):
+        warnings.append(
+            f"left {path} as it is ({skipped}): not chmodded nor chowned; the request intake quarantines "
+            "it if it is a request in control/, otherwise remove it"
+        )
+
+
+def _why_not_set(path: Path, mode: int, gid: int | None, warnings: list[str]) -> str | None:
+    """_set_mode's work; returns why `path` was left alone, None when set (or absent)."""
     try:
         before = os.lstat(path)
     except FileNotFoundError:
-        return
-    if before.st_uid != os.geteuid() or not (stat.S_ISREG(before.st_mode) or stat.S_ISDIR(before.st_mode)):
-        return
+        return None
+    kind = _kind(before.st_mode)
+    if kind not in ("regular file", "directory"):
+        return f"a {kind}"
+    if before.st_uid != os.geteuid():
+        return f"owned by {User.of_uid(before.st_uid).name}"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except OSError:
-        return  # swapped for a link (or removed) since the lstat: leave it
+        return "replaced or removed while being checked"
     try:
-        info = os.fstat(fd)
+        info = os.fstat(fd)  # the opened file itself: lstat and open may have seen different ones
         if (info.st_dev, info.st_ino) != (before.st_dev, before.st_ino):
-            return
+            return "replaced while being checked"
+        if stat.S_ISREG(info.st_mode) and info.st_nlink != 1:
+            return f"a hard link ({info.st_nlink} names for one file)"
         if gid is not None and info.st_gid != gid:
             os.fchown(fd, -1, gid)
         os.fchmod(fd, mode)
@@ -323,6 +357,7 @@ def _set_mode(path: Path, mode: int, gid: int | None, warnings: list[str]) -> No
         warnings.append(f"cannot set the group/mode of {path}: {exc.strerror}")
     finally:
         os.close(fd)
+    return None
 
 
 def _make_dir(path: Path) -> None:
@@ -355,7 +390,7 @@ def prepare_permissions(paths: RunPaths, operators: Any) -> list[str]:
             + (f" (listed operators {', '.join(listed)} cannot)" if listed else "")
             + ". Set operators.group to a group of the on-call team (see docs/security.md)"
         )
-    for folder in (paths.control, paths.accepted, paths.root / QUARANTINE_NAME):
+    for folder in (paths.control, paths.accepted, paths.quarantine):
         _make_dir(folder)
     for file in (paths.audit, paths.events):
         try:
@@ -368,7 +403,7 @@ def prepare_permissions(paths: RunPaths, operators: Any) -> list[str]:
         paths.control, CONTROL_DIR_MODE if gid is not None else CONTROL_DIR_MODE_NO_GROUP, group_gid, warnings
     )
     _set_mode(paths.accepted, ACCEPTED_DIR_MODE, group_gid, warnings)
-    _set_mode(paths.root / QUARANTINE_NAME, QUARANTINE_DIR_MODE, None, warnings)
+    _set_mode(paths.quarantine, QUARANTINE_DIR_MODE, None, warnings)
     for file in (paths.state, paths.events, paths.audit):
         _set_mode(file, TRUSTED_FILE_MODE, group_gid, warnings)
     _set_mode(paths.config, SECRET_FILE_MODE if gid is not None else 0o600, group_gid, warnings)
@@ -378,15 +413,6 @@ def prepare_permissions(paths: RunPaths, operators: Any) -> list[str]:
         scripts = []
     for script in scripts:
         _set_mode(script, SECRET_SCRIPT_MODE if gid is not None else 0o700, group_gid, warnings)
-    # Files the owner's controller wrote in control/ (the exclude list, its lock): the group may
-    # write them (operators clear nodes), nobody else may. Another user's entry is left alone.
-    try:
-        children = list(os.scandir(paths.control))
-    except OSError:
-        children = []
-    for child in children:
-        if child.is_file(follow_symlinks=False):
-            _set_mode(Path(child.path), 0o660 if gid is not None else 0o600, group_gid, warnings)
     return warnings
 
 
@@ -414,12 +440,16 @@ def _private_group(gid: int, owner: str) -> bool:
 def check_trust(paths: RunPaths, operators: Any, checkpoints: Path | None = None) -> list[str]:
     """Problems that must stop the controller from starting (empty: safe), like sshd's StrictModes.
 
-    The run root and every file or folder the controller or the trainer trusts (run.yaml,
-    state.json, events/audit, jobs/, heartbeats/, accepted/, checkpoints/ and what is in them)
-    must be owned by the owner (or root), not a symbolic link, and writable by nobody else: not by
-    other users, and not by a group that has members besides the owner. Each problem names the
-    path and the command that fixes it. control/ and audit-inbox/ are drop boxes by design and are
-    checked only for their own mode. Cost: one lstat per entry, at most TRUST_MAX_ENTRIES."""
+    The run root and every file or folder the controller or the trainer trusts must be owned by
+    the owner (or root), not a symbolic link, and writable by nobody else: not by other users, and
+    not by a group that has members besides the owner. That is run.yaml, state.json, events/audit,
+    the exclude list, .private/, and every folder the owner writes during a run with what is in
+    it: jobs/ (each job's folder), heartbeats/, accepted/, the checkpoint folder, aux/, stacks/
+    and data_cache/. The controller runs it at start, and again whenever a new job folder appears
+    (observer.Observer.trust_problems: an event and a notification then, never a crash). Each
+    problem names the path and the command that fixes it. control/ and audit-inbox/ are drop boxes
+    by design and are checked only for their own mode. Cost: one lstat per entry, at most
+    TRUST_MAX_ENTRIES."""
     me = os.geteuid()
     try:
         owner = pwd.getpwuid(me).pw_name
@@ -451,12 +481,12 @@ def check_trust(paths: RunPaths, operators: Any, checkpoints: Path | None = None
     except FileNotFoundError:
         return [f"{paths.root} does not exist"]
     check(paths.root, root_info, top=True)
-    for path in (paths.config, paths.state, paths.events, paths.audit):
+    for path in (paths.config, paths.state, paths.events, paths.audit, paths.exclude_list, paths.private):
         try:
             check(path, os.lstat(path), top=True)
         except FileNotFoundError:
             continue
-    for drop_box in (paths.control, paths.root / INBOX_NAME):
+    for drop_box in (paths.control, paths.audit_inbox):
         try:
             info = os.lstat(drop_box)
         except FileNotFoundError:
@@ -469,7 +499,10 @@ def check_trust(paths: RunPaths, operators: Any, checkpoints: Path | None = None
         elif drop_box == paths.control and info.st_mode & 0o002:
             problems.append(f"{drop_box} is writable by every user: chmod 2770 {drop_box}")
     seen = 0
-    trees = [paths.jobs, paths.heartbeats, paths.accepted, checkpoints or paths.checkpoints]
+    trees = [
+        paths.jobs, paths.heartbeats, paths.accepted, checkpoints or paths.checkpoints,
+        paths.aux, paths.stacks, paths.data_cache,
+    ]  # fmt: skip
     for tree in trees:
         try:
             check(tree, os.lstat(tree), top=True)

@@ -27,6 +27,17 @@ formulas, and where they come from:
   the same nodes); idle spares' own failures are ignored. So a job sees E[min(N, S + 1)] failures,
   E[min(N, S)] of them on spares, and runs out of spares with probability P(N >= S + 1); R is the
   mean of the two restart times weighted by those counts;
+- jobs and time limits (see `run_goodput`): goodput is useful / wall time over one job and the
+  start of the next (a renewal cycle). A job lasts E[D] = M E[min(N, S + 1)] on average (Wald: each
+  failure, spare or not, comes M after the last, and the job ends at its limit or at its (S + 1)-th
+  failure); the next one starts after watchdog.restart_minutes (queue, init, checkpoint load),
+  whatever ended it. Inside the job: the save stalls, tau/2 of work per failure, the restarts on a
+  spare, evals, and, with probability 1 - P(N >= S + 1), the final save before the time limit (the
+  whole checkpoint.save_seconds: the job waits for that write even when saves are async). So a
+  spare that costs nearly as much as a job-level restart can lower goodput: a job-level restart
+  gives the next job a whole time limit, a spare restart does not;
+- evals (see `eval_fraction`): every data.eval_interval iterations, eval_iters forward-only
+  iterations (a third of the model FLOPs of a training iteration: forward 1, backward 2);
 - goodput is useful training time / wall time, of the training GPUs (the planner's `*_goodput`);
   of the allocated GPUs it is that x nodes / (nodes + spare_nodes): idle spares are billed overhead.
   GPU-hours are computed at 100% goodput; `allocated_gpu_hours` (what is billed) counts the spares.
@@ -38,6 +49,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from orchestrator.config import RunConfig
+from orchestrator.time_budget import checkpoint_interval_seconds, time_budget_problems
 
 GIB = 1024**3
 BYTES_BF16 = 2
@@ -113,6 +125,8 @@ class Plan:
     job_restart_hours: float
     mean_restart_hours: float
     expected_work_lost_per_failure_hours: float
+    eval_fraction: float  # of wall time spent in evals
+    turnover_fraction: float  # of wall time lost to time-limit turnovers (final save + next start)
     expected_goodput: float  # of the training GPUs, at the configured interval
     optimal_goodput: float  # of the training GPUs, at the Young/Daly interval
     expected_goodput_allocated: float  # of all allocated GPUs: expected_goodput x nodes / allocated
@@ -253,11 +267,51 @@ def young_daly_interval_hours(save_seconds: float, job_mtbf_hours: float) -> flo
 
 
 def goodput(interval_hours: float, save_seconds: float, job_mtbf_hours: float, restart_hours: float) -> float:
-    """Fraction of wall time that is useful training: minus checkpoint saves, minus per failure the
-    work since the last checkpoint (tau/2 on average) and the restart time."""
+    """Young/Daly's first-order goodput: minus checkpoint saves, minus per failure the work since the
+    last checkpoint (tau/2 on average) and the restart time (no time limit, no evals; `plan_run`
+    uses `run_goodput`, which has both)."""
     save_hours = save_seconds / 3600
     lost = save_hours / interval_hours + (interval_hours / 2 + restart_hours) / job_mtbf_hours
     return max(0.0, 1.0 - lost)
+
+
+def eval_fraction(
+    cfg: RunConfig, seconds_per_iteration: float, forward_seconds_per_iteration: float
+) -> float:
+    """Wall time in evals: eval_iters forward-only iterations every eval_interval iterations."""
+    evaluation = cfg.data.eval_iters * forward_seconds_per_iteration
+    return evaluation / (cfg.data.eval_interval * seconds_per_iteration + evaluation)
+
+
+def run_goodput(
+    interval_hours: float,
+    stall_seconds: float,
+    job_mtbf_hours: float,
+    outlook: SpareOutlook,
+    in_allocation_hours: float,
+    job_start_hours: float,
+    final_save_seconds: float,
+    job_hours: float,
+    evals: float,
+) -> tuple[float, float]:
+    """(goodput, the share of wall time lost where jobs end at their time limit) over one job and
+    the start of the next (the module docstring has the model): useful / wall of that cycle."""
+    job_length = job_mtbf_hours * (outlook.spares_used_per_job + outlook.out_of_spares_probability)
+    if outlook.failures_per_job <= 1e-12:  # no failure expected: every job reaches its limit
+        job_length = job_hours
+    if job_length <= 0:
+        return 0.0, 0.0
+    reaches_limit = 1 - outlook.out_of_spares_probability
+    lost_in_job = (
+        stall_seconds / 3600 / interval_hours  # saves
+        + interval_hours / 2 / job_mtbf_hours  # work since the last save, per failure
+        + outlook.spares_used_per_job * in_allocation_hours / job_length  # restarts on a spare
+        + reaches_limit * final_save_seconds / 3600 / job_length  # the save before the time limit
+        + evals
+    )
+    wall = job_length + job_start_hours
+    goodput = max(0.0, 1.0 - lost_in_job) * job_length / wall
+    return goodput, reaches_limit * (final_save_seconds / 3600 + job_start_hours) / wall
 
 
 # ----------------------------------------------------------------------------- failures and spares
@@ -317,9 +371,10 @@ def plan_run(
     in_allocation_restart_minutes: float | None = None,
     async_stall_fraction: float | None = None,
 ) -> Plan:
-    """The plan of `cfg`; every keyword replaces the config's value of the same meaning."""
+    """The plan of `cfg`; every keyword that is not None replaces the config's value of the same
+    meaning (the CLI checks them like config values: positive and finite)."""
     m, p, c = cfg.model, cfg.parallel, cfg.cluster
-    tflops = achieved_tflops_per_gpu or c.achieved_tflops_per_gpu
+    tflops = c.achieved_tflops_per_gpu if achieved_tflops_per_gpu is None else achieved_tflops_per_gpu
     parameters = count_parameters(cfg)
     tokens_per_iteration = p.global_batch_size * m.seq_length
     hardware = flops_per_iteration(cfg, recompute=p.activation_checkpointing)
@@ -344,9 +399,9 @@ def plan_run(
     m_batches = cfg.micro_batches
     bubble = (p.pp - 1) / (m_batches + p.pp - 1) if m_batches > 0 else 1.0
 
-    mtbf_gpu = gpu_mtbf_hours or c.gpu_mtbf_hours
+    mtbf_gpu = c.gpu_mtbf_hours if gpu_mtbf_hours is None else gpu_mtbf_hours
     job_mtbf = mtbf_gpu / c.gpus
-    save_seconds = checkpoint_save_seconds or cfg.checkpoint.save_seconds
+    save_seconds = cfg.checkpoint.save_seconds if checkpoint_save_seconds is None else checkpoint_save_seconds
     stall_fraction = (
         cfg.checkpoint.async_stall_fraction if async_stall_fraction is None else async_stall_fraction
     )
@@ -360,12 +415,21 @@ def plan_run(
     outlook = spare_outlook(job_hours, job_mtbf, spares, in_allocation_hours, job_restart_hours)
     restart_hours = outlook.mean_restart_hours
     optimal = young_daly_interval_hours(stall_seconds, job_mtbf)
-    interval = cfg.checkpoint.interval_hours
-    if interval is None and cfg.checkpoint.interval_steps is not None:
-        interval = cfg.checkpoint.interval_steps * seconds / 3600
+    interval_seconds, _ = checkpoint_interval_seconds(cfg, seconds)  # the earlier of hours and steps
+    interval = None if interval_seconds is None else interval_seconds / 3600
     configured = interval if interval is not None else optimal
-    expected = goodput(configured, stall_seconds, job_mtbf, restart_hours)
-    optimal_goodput = goodput(optimal, stall_seconds, job_mtbf, restart_hours)
+    forward_seconds = model / 3 / (c.gpus * tflops * 1e12)  # forward only: 72 = 3 x 24 (fwd 1, bwd 2)
+    evals = eval_fraction(cfg, seconds, forward_seconds)
+    no_spares = spare_outlook(job_hours, job_mtbf, 0, in_allocation_hours, job_restart_hours)
+
+    def cycle(interval_hours: float, spare_outlook_: SpareOutlook) -> tuple[float, float]:
+        return run_goodput(
+            interval_hours, stall_seconds, job_mtbf, spare_outlook_, in_allocation_hours, job_restart_hours,
+            save_seconds, job_hours, evals,
+        )  # fmt: skip
+
+    expected, turnover = cycle(configured, outlook)
+    optimal_goodput, _ = cycle(optimal, outlook)
     training_share = c.nodes / allocated_nodes  # idle spares: allocated, billed, not training
 
     problems: list[str] = []
@@ -392,6 +456,19 @@ def plan_run(
             f"only {m_batches} micro-batches per iteration for pp = {p.pp} stages: the pipeline never fills; "
             "raise global_batch_size or lower micro_batch_size"
         )
+    problems += time_budget_problems(
+        cfg,
+        job_seconds=job_hours * 3600,
+        save_seconds=save_seconds,
+        save_source="checkpoint.save_seconds" if checkpoint_save_seconds is None else "--save-seconds",
+        seconds_per_iteration=seconds,
+        forward_seconds_per_iteration=forward_seconds,
+        speed_source=(
+            f"cluster.achieved_tflops_per_gpu = {tflops:g}"
+            if achieved_tflops_per_gpu is None
+            else f"--tflops {tflops:g}"
+        ),
+    )
 
     return Plan(
         parameters=parameters,
@@ -440,10 +517,12 @@ def plan_run(
         job_restart_hours=job_restart_hours,
         mean_restart_hours=restart_hours,
         expected_work_lost_per_failure_hours=configured / 2 + restart_hours,
+        eval_fraction=evals,
+        turnover_fraction=turnover,
         expected_goodput=expected,
         optimal_goodput=optimal_goodput,
         expected_goodput_allocated=expected * training_share,
         optimal_goodput_allocated=optimal_goodput * training_share,
-        expected_goodput_without_spares=goodput(configured, stall_seconds, job_mtbf, job_restart_hours),
+        expected_goodput_without_spares=cycle(configured, no_spares)[0],
         problems=problems,
     )

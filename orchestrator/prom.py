@@ -12,6 +12,12 @@ Every metric carries `run` (the config's name). What a site alerts on, and why i
   (its files are parsed again only when they changed).
 - runctl_disk_free_bytes / runctl_disk_next_checkpoint_bytes / runctl_disk_headroom_ratio
   (free / needed; below 1 the next save fails).
+- runctl_jobs{state}: the run's jobs that have not ended, by state, from state.json (every state
+  is exported, 0 included, so that `sum(runctl_jobs) == 0` says "no job" rather than nothing).
+- runctl_stragglers and runctl_straggler_score{node}: the controller's last straggler scores
+  (state.json, controller/stragglers.py).
+deploy/grafana/runctl.json has a panel for each, deploy/prometheus/runctl-alerts.yml the alerts
+(tests/controller/test_oncall.py checks the dashboard's names against a scrape).
 """
 
 from __future__ import annotations
@@ -24,19 +30,9 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from orchestrator.controller_heartbeat import beat_file_age, read_beat
-from orchestrator.protocol import RunPaths, read_json
-
-RUN_STATUSES = (
-    "waiting",
-    "running",
-    "restarting",
-    "killing",
-    "killed",
-    "finished",
-    "crash_loop",
-    "config_error",
-)
+from orchestrator.contract import ContractError, JobState, RunPaths, read_heartbeats, tail_metrics
+from orchestrator.contract.controller_beat import beat_file_age, read_beat
+from orchestrator.contract.state import ControllerState, RunStatus, load_state
 
 
 class RunCollector(Collector):
@@ -63,23 +59,20 @@ class RunCollector(Collector):
         yield from self._controller(run, now)
 
     def _training(self, run: str) -> Iterator[Any]:
-        from orchestrator.dashboard import tail_jsonl  # noqa: PLC0415
-
-        lines = [m for m in tail_jsonl(self.paths.metrics, 64 * 1024) if m.get("step") is not None]
-        last = lines[-1] if lines else {}
-        for name, key, doc in (
-            ("runctl_step", "step", "last training step written to metrics.jsonl"),
-            ("runctl_loss", "loss", "training loss of the last step"),
-            ("runctl_tokens_per_second", "tokens_per_s", "tokens per second of the last step"),
-            ("runctl_tflops_per_gpu", "tflops_per_gpu", "model TFLOPs per GPU of the last step"),
+        lines = tail_metrics(self.paths.metrics, 64 * 1024)
+        if not lines:
+            return
+        last = lines[-1]
+        for name, value, doc in (
+            ("runctl_step", last.step, "last training step written to metrics.jsonl"),
+            ("runctl_loss", last.loss, "training loss of the last step"),
+            ("runctl_tokens_per_second", last.tokens_per_s, "tokens per second of the last step"),
+            ("runctl_tflops_per_gpu", last.tflops_per_gpu, "model TFLOPs per GPU of the last step"),
         ):
-            value = last.get(key, last.get("tflops")) if key == "tflops_per_gpu" else last.get(key)
-            if isinstance(value, (int, float)):
+            if value is not None:
                 yield _gauge(name, doc, run, value)
 
     def _heartbeats(self, run: str, now: float) -> Iterator[Any]:
-        from orchestrator.controller.detection import read_heartbeats  # noqa: PLC0415
-
         age = GaugeMetricFamily(
             "runctl_heartbeat_age_seconds",
             "now (exporter clock) - the rank's beat_time (node clock): for people; alert on the writes counter",
@@ -90,23 +83,25 @@ class RunCollector(Collector):
             labels=["run", "rank", "host", "job"],
         )  # fmt: skip
         for beat in read_heartbeats(self.paths.heartbeats):
-            labels = [run, str(beat.get("rank")), str(beat.get("host", "")), str(beat.get("job_id", ""))]
-            if isinstance(beat.get("beat_time"), (int, float)):
-                age.add_metric(labels, max(0.0, now - beat["beat_time"]))
-            writes.add_metric(labels, float(beat.get("seq") or 0))
+            labels = [run, str(beat.rank), beat.host, beat.job_id]
+            age.add_metric(labels, max(0.0, now - beat.beat_time))
+            writes.add_metric(labels, float(beat.seq))
         yield age
         yield writes
 
     def _run_state(self, run: str) -> Iterator[Any]:
         from orchestrator.controller.exclude import read_excluded  # noqa: PLC0415
 
-        state = read_json(self.paths.state) or {}
+        try:
+            state = load_state(self.paths)
+        except ContractError:
+            state = ControllerState()
         restarts = CounterMetricFamily("runctl_restarts", "restarts the controller made", labels=["run"])
-        restarts.add_metric([run], float(state.get("restarts") or 0))
+        restarts.add_metric([run], float(state.restarts))
         yield restarts
         status = GaugeMetricFamily("runctl_run_status", "1 for the run's status", labels=["run", "status"])
-        for name in RUN_STATUSES:
-            status.add_metric([run, name], 1.0 if state.get("status") == name else 0.0)
+        for name in RunStatus:
+            status.add_metric([run, name.value], 1.0 if state.status is name else 0.0)
         yield status
         excluded = read_excluded(self.paths)
         yield _gauge("runctl_excluded_nodes", "nodes on the run's exclude list", run, len(excluded))
@@ -116,6 +111,8 @@ class RunCollector(Collector):
         for node, why in sorted(excluded.items()):
             info.add_metric([run, node, str((why or {}).get("reason", ""))[:80]], 1.0)
         yield info
+        yield _live_jobs(run, state)
+        yield from _stragglers(run, state)
 
     def _goodput_metrics(self, run: str, now: float, cfg: Any) -> Iterator[Any]:
         from orchestrator.goodput import run_breakdown  # noqa: PLC0415
@@ -160,11 +157,11 @@ class RunCollector(Collector):
     def _controller(self, run: str, now: float) -> Iterator[Any]:
         from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
 
-        beat = read_beat(self.paths) or {}
+        beat = read_beat(self.paths)
         passes = CounterMetricFamily(
             "runctl_controller_passes", "supervision passes (moves while alive)", labels=["run"]
         )
-        passes.add_metric([run], float(beat.get("passes") or 0))
+        passes.add_metric([run], float(beat.passes if beat else 0))
         yield passes
         age = beat_file_age(self.paths, now)
         if age is not None:
@@ -178,7 +175,7 @@ class RunCollector(Collector):
             "runctl_controller_failing_passes",
             "passes in a row that raised",
             run,
-            beat.get("failing_passes") or 0,
+            beat.failing_passes if beat else 0,
         )
         yield _gauge(
             "runctl_controller_up",
@@ -186,6 +183,44 @@ class RunCollector(Collector):
             run,
             1 if lock_holder(self.paths.root) else 0,
         )
+
+
+# The states a job that has not ended can be in.
+LIVE_JOB_STATES = tuple(
+    s.value
+    for s in (JobState.PENDING, JobState.HELD, JobState.RUNNING, JobState.COMPLETING, JobState.UNKNOWN)
+)
+
+
+def _live_jobs(run: str, state: ControllerState) -> GaugeMetricFamily:
+    jobs = GaugeMetricFamily(
+        "runctl_jobs", "the run's jobs that have not ended (state.json), by state", labels=["run", "state"]
+    )
+    counts = dict.fromkeys(LIVE_JOB_STATES, 0)
+    for job in state.live_jobs():
+        name = job.state if job.state in counts else JobState.UNKNOWN.value
+        counts[name] += 1
+    for name, count in counts.items():
+        jobs.add_metric([run, name], float(count))
+    return jobs
+
+
+def _stragglers(run: str, state: ControllerState) -> Iterator[Any]:
+    scores = state.stragglers or {}
+    nodes = scores.get("nodes") if isinstance(scores, dict) else None
+    nodes = nodes if isinstance(nodes, dict) else {}
+    flagged = [n for n, v in nodes.items() if isinstance(v, dict) and v.get("straggler")]
+    yield _gauge("runctl_stragglers", "nodes the controller flags as stragglers now", run, len(flagged))
+    score = GaugeMetricFamily(
+        "runctl_straggler_score",
+        "a node's compute time per step over its peers' median or its own history (1 = typical)",
+        labels=["run", "node"],
+    )
+    for node, values in sorted(nodes.items()):
+        value = values.get("score") if isinstance(values, dict) else None
+        if isinstance(value, (int, float)):
+            score.add_metric([run, str(node)], float(value))
+    yield score
 
 
 def _gauge(name: str, doc: str, run: str, value: float) -> GaugeMetricFamily:

@@ -17,67 +17,59 @@ import os
 from pathlib import Path
 from typing import Any
 
-from orchestrator.controller.state import read_events
+from orchestrator.contract import RunPaths, StepMetrics, atomic_write_json, read_metrics
+from orchestrator.contract import events as ev
+from orchestrator.contract.events import read_events
 from orchestrator.goodput import CATEGORIES, LABELS, run_breakdown
-from orchestrator.protocol import RunPaths, atomic_write_json, read_jsonl
 
 
-def segments(metrics: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def segments(metrics: list[StepMetrics]) -> list[list[StepMetrics]]:
     """Split metrics lines into runs of increasing steps: a restart starts a new segment."""
-    out: list[list[dict[str, Any]]] = []
+    out: list[list[StepMetrics]] = []
     previous = None
     for record in metrics:
-        step = record.get("step")
-        if step is None:
-            continue
-        if previous is None or step <= previous:
+        if previous is None or record.step <= previous:
             out.append([])
         out[-1].append(record)
-        previous = step
+        previous = record.step
     return out
 
 
 def summarize(paths: RunPaths, now: float | None = None) -> dict[str, Any]:
-    metrics = read_jsonl(paths.metrics)
-    events = read_events(paths)
-    final: dict[int, dict[str, Any]] = {}
+    metrics = read_metrics(paths.metrics)
+    events = read_events(paths.events)
+    final: dict[int, StepMetrics] = {}
     for record in metrics:
-        if record.get("step") is not None:
-            final[record["step"]] = record  # the last write of a step is the one that survived
-    spent = sum(float(m.get("step_seconds") or 0.0) for m in metrics)
-    useful = sum(float(m.get("step_seconds") or 0.0) for m in final.values())
+        final[record.step] = record  # the last write of a step is the one that survived
+    spent = sum(m.step_seconds or 0.0 for m in metrics)
+    useful = sum(m.step_seconds or 0.0 for m in final.values())
     time_breakdown = run_breakdown(paths.root, now=now, checkpoints_dir=_checkpoints_dir(paths))
     whole = time_breakdown["whole_run"]
     incidents = []
-    firsts = [e for e in events if e["event"] == "first_step_after_restart"]
-    for restart in (e for e in events if e["event"] == "restart"):
+    firsts = [e for e in events if isinstance(e, ev.FirstStepAfterRestart)]
+    for restart in (e for e in events if isinstance(e, ev.Restart)):
         # The first step after *this* restart: a job with spares restarts inside itself, under one id.
         first = next(
-            (
-                f
-                for f in firsts
-                if f["job_id"] == restart["job_id"] and f.get("time", 0) >= restart.get("time", 0)
-            ),
-            None,
+            (f for f in firsts if f.job_id == restart.job_id and (f.time or 0) >= (restart.time or 0)), None
         )
         incidents.append({
-            "cause": restart.get("cause"),
-            "in_allocation": bool(restart.get("in_allocation")),
-            "how": restart.get("how"),
-            "failed_job": restart.get("failed_job_id"),
-            "new_job": restart.get("job_id"),
-            "detection_latency_s": _diff(restart.get("detection_time"), restart.get("failure_time")),
-            "failure_to_first_step_s": first.get("seconds_since_failure") if first else None,
-            "resume_step": restart.get("resume_step"),
-            "work_lost_steps": restart.get("work_lost_steps"),
-            "work_lost_s": restart.get("work_lost_seconds"),
-            "excluded": restart.get("excluded"),
+            "cause": restart.cause,
+            "in_allocation": bool(restart.in_allocation),
+            "how": restart.how,
+            "failed_job": restart.failed_job_id,
+            "new_job": restart.job_id,
+            "detection_latency_s": _diff(restart.detection_time, restart.failure_time),
+            "failure_to_first_step_s": first.seconds_since_failure if first else None,
+            "resume_step": restart.resume_step,
+            "work_lost_steps": restart.work_lost_steps,
+            "work_lost_s": restart.work_lost_seconds,
+            "excluded": restart.excluded,
         })  # fmt: skip
-    stop = next((e for e in reversed(events) if e["event"] == "run_stopped"), None)
+    stop = next((e for e in reversed(events) if isinstance(e, ev.RunStopped)), None)
     return {
         "run_dir": str(paths.root),
         "steps": max(final) if final else 0,
-        "final_loss": final[max(final)].get("loss") if final else None,
+        "final_loss": final[max(final)].loss if final else None,
         "wall_seconds": whole["wall_seconds"],
         "useful_compute_seconds": useful,
         "spent_compute_seconds": spent,
@@ -86,8 +78,8 @@ def summarize(paths: RunPaths, now: float | None = None) -> dict[str, Any]:
         "time_breakdown": {k: v for k, v in time_breakdown.items() if k != "segments"},
         "restarts": len(incidents),
         "incidents": incidents,
-        "corrupt_checkpoints": [e for e in events if e["event"] == "checkpoint_corrupt"],
-        "status": stop.get("status") if stop else None,
+        "corrupt_checkpoints": [e.to_dict() for e in events if isinstance(e, ev.CheckpointCorrupt)],
+        "status": stop.status if stop else None,
     }
 
 
@@ -103,21 +95,17 @@ def plot_loss(paths: RunPaths, out: Path) -> Path | None:
         import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
         return None
-    metrics = read_jsonl(paths.metrics)
+    metrics = read_metrics(paths.metrics)
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
     for index, segment in enumerate(segments(metrics)):
-        steps = [m["step"] for m in segment if m.get("loss") is not None]
-        losses = [m["loss"] for m in segment if m.get("loss") is not None]
+        steps = [m.step for m in segment if m.loss is not None]
+        losses = [m.loss for m in segment if m.loss is not None]
         ax.plot(steps, losses, lw=1.4, label=f"job segment {index + 1}" if index < 6 else None)
-    for restart in (e for e in read_events(paths) if e["event"] == "restart"):
-        x = (
-            restart.get("last_step")
-            if restart.get("last_step") is not None
-            else restart.get("resume_step", 0)
-        )
+    for restart in read_events(paths.events, kinds=(ev.Restart,)):
+        x = restart.last_step if restart.last_step is not None else restart.resume_step
         ax.axvline(x, color="red", ls="--", lw=1)
         ax.annotate(
-            f"{restart.get('cause')}\nresume @ {restart.get('resume_step')}",
+            f"{restart.cause}\nresume @ {restart.resume_step}",
             (x, 1),
             xycoords=("data", "axes fraction"),
             xytext=(3, -12),

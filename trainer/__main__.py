@@ -2,7 +2,7 @@
 
 Reads RUN_DIR/run.yaml (the frozen config, `orchestrator.config.dump_config`), sets up
 torch.distributed from SLURM's variables (trainer.launch), trains, and exits with a code of
-`orchestrator.protocol.ExitCode`: FINISHED 0, FAILED 1 (any exception), KILLED 17 (kill switch,
+`orchestrator.contract.ExitCode`: FINISHED 0, FAILED 1 (any exception), KILLED 17 (kill switch,
 checkpoint saved), TIME_BUDGET 18 (exit duration / pre-timeout signal, checkpoint saved),
 CONFIG_ERROR 19 (run.yaml refused).
 
@@ -15,9 +15,12 @@ Environment overrides (for tests, CI and the controller demo; none is needed in 
                                    here. Default: this process's start.
     TRAINER_STEP_DELAY_SECONDS=S   sleep S before every step (the demo: slow enough to watch)
     TRAINER_TENSORBOARD=0          no TensorBoard event files (metrics.jsonl only)
+    TRAINER_SAMPLE_LOG=1           logs/samples-dp<d>.jsonl: the sample positions each step read
+                                   (trainer/data/sample_log.py; tests of the exact data skip, audits)
     TRAINER_JOB_ID=ID              job id for heartbeats when not under SLURM (default "local")
     TRAINER_FAULT=...              TEST-ONLY fault injection, comma-separated KIND@stepN[:rankR]
-                                   with KIND nan, hang, crash, sigkill or sigusr1 (trainer.faults),
+                                   with KIND nan, hang, crash, sigkill, sigusr1, spike,
+                                   corruptmaster... (trainer.faults), or poison@samplesA-B,
                                    e.g. TRAINER_FAULT=nan@step5  or  hang@step7:rank1
     DS_ACCELERATOR=cpu             CPU + gloo (otherwise CUDA + NCCL, per cluster.accelerator)
 """
@@ -29,7 +32,7 @@ import sys
 import time
 import traceback
 
-from orchestrator.protocol import ExitCode, Phase, RunPaths
+from orchestrator.contract import ExitCode, Phase, RunPaths
 
 USAGE = "usage: python -m trainer RUN_DIR   (RUN_DIR/run.yaml is the frozen run config)"
 
@@ -48,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(paths.config)
     except ConfigError as exc:
         print(f"[trainer] {exc}", file=sys.stderr)
+        return int(ExitCode.CONFIG_ERROR)
+    # The data and the tokenizer, checked as `runctl submit` checked them on the login node, before
+    # torch is imported: gone since then (a moved dataset, an unmounted filesystem) is a config
+    # error, one stop of the run, not a crash that restarts and excludes healthy nodes.
+    from orchestrator.preflight import data_checks
+
+    missing = [check.message for check in data_checks(cfg) if check.level == "error"]
+    if missing:
+        print("[trainer] config refused:\n" + "\n".join(f"  - {m}" for m in missing), file=sys.stderr, flush=True)
         return int(ExitCode.CONFIG_ERROR)
     # The checkpoints are where the config says (checkpoint.dir), as for the controller.
     paths = RunPaths.of(argv[0], cfg.checkpoint.dir)
@@ -70,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
 
     install_signal_flag(cfg.cluster.pre_timeout_signal)  # now: SLURM may signal during a long init
 
-    heartbeat = HeartbeatWriter(paths, dist.rank, dist.world_size, dist.job_id, cfg.watchdog.heartbeat_seconds).start()
+    heartbeat = HeartbeatWriter(paths, dist.rank, dist.world_size, dist.job_id, cfg.watchdog.heartbeat_seconds,
+                                local_rank=dist.local_rank, local_world_size=dist.local_world_size).start()
     trainer = None
     code = ExitCode.FAILED
     try:

@@ -32,9 +32,11 @@ import torch
 import torch.distributed as tdist
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
-from orchestrator.protocol import RunPaths, fsync_dir, sha256_file
+from orchestrator.contract import Mark, RunPaths, fsync_dir, prune_checkpoints, write_latest
 from trainer import checkpoint as ckpt
 from trainer.checkpoint_format import dist_world, list_files, write_manifest
+from trainer.progress import sha256_counted, waiting
+from trainer.progress_io import save_counted
 
 
 # -- the snapshot ------------------------------------------------------------------------------
@@ -114,12 +116,13 @@ class HostSnapshotEngine(CheckpointEngine):
 
 
 # -- the writer --------------------------------------------------------------------------------
-def persist(path: Path, state: Any, serialization: bool) -> dict[str, Any]:
-    """Write one file as TorchCheckpointEngine.save does, fsync it; its manifest entry."""
-    torch.save(state, path, _use_new_zipfile_serialization=serialization)
+def persist(path: Path, state: Any, serialization: bool, after_chunk=None) -> dict[str, Any]:
+    """Write one file as TorchCheckpointEngine.save does (its bytes counted as progress), fsync it;
+    its manifest entry. `after_chunk`: a TEST-ONLY fault hook (trainer.faults)."""
+    save_counted(state, path, serialization, after_chunk)
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
-    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    return {"size": path.stat().st_size, "sha256": sha256_counted(path, Mark.SAVE_BYTES)}
 
 
 class AsyncCheckpointer:
@@ -137,14 +140,15 @@ class AsyncCheckpointer:
 
     def save(self, engine, paths: RunPaths, step: int, client_state: dict[str, Any], keep_last: int,
              job_id: str = "", extra_client_state: dict[str, Any] | None = None,
-             layout: dict[str, int] | None = None) -> Path:
+             layout: dict[str, int] | None = None, **save_options: Any) -> Path:
         """Collective. Returns once this rank's state is on the host (the stall training sees);
-        the files, MANIFEST and `latest` follow in the background."""
+        the files, MANIFEST and `latest` follow in the background. `save_options`: those of
+        trainer.checkpoint.save_checkpoint (json_files, before_write)."""
         if self.in_flight:
-            waiting, previous = time.time(), self.in_flight
+            since, previous = time.time(), self.in_flight
             self.wait()
-            if self.rank == 0 and time.time() - waiting > 0.01:
-                print(f"[trainer] waited {time.time() - waiting:.3f}s for the background write of {previous} "
+            if self.rank == 0 and time.time() - since > 0.01:
+                print(f"[trainer] waited {time.time() - since:.3f}s for the background write of {previous} "
                       "before the next save", flush=True)
         real = engine.checkpoint_engine
         serialization = bool(getattr(real, "zipfile_serialization", True))
@@ -154,7 +158,8 @@ class AsyncCheckpointer:
         engine.checkpoint_engine = snap
         try:
             ckpt_dir = ckpt.save_checkpoint(engine, paths, step, client_state, keep_last, job_id,
-                                            extra_client_state=extra_client_state, layout=layout, seal=False)
+                                            extra_client_state=extra_client_state, layout=layout, seal=False,
+                                            **save_options)
         finally:
             engine.checkpoint_engine = real
         snap.snapshot.synchronize()
@@ -188,7 +193,8 @@ class AsyncCheckpointer:
                 if self.faults is not None:
                     self.faults.at_checkpoint("write", step, files_written=index)
                 path = Path(files[index][0])
-                mine[str(path.relative_to(ckpt_dir))] = persist(path, files[index][1], serialization)
+                after_chunk = None if self.faults is None else self.faults.save_chunk_hook()
+                mine[str(path.relative_to(ckpt_dir))] = persist(path, files[index][1], serialization, after_chunk)
             for directory in {ckpt_dir.parent, ckpt_dir, *((ckpt_dir / rel).parent for rel in mine)}:
                 fsync_dir(directory)  # the new names are durable too, not just the bytes
         except Exception as exc:  # reported to rank 0, which then does not seal
@@ -197,7 +203,8 @@ class AsyncCheckpointer:
         if self.group is not None:
             reports = [None] * self.world
             try:
-                tdist.all_gather_object(reports, (error, mine), group=self.group)
+                with waiting():  # this rank's files are written: the time here is its peers'
+                    tdist.all_gather_object(reports, (error, mine), group=self.group)
             except Exception as exc:  # a peer died: the job is going down, nothing is sealed
                 self.last_ok = False
                 print(f"[checkpoint] {ckpt_dir.name} NOT sealed: the writers' handshake failed ({exc}); "
@@ -236,7 +243,7 @@ class AsyncCheckpointer:
                 path = ckpt_dir / rel
                 with open(path, "rb") as handle:
                     os.fsync(handle.fileno())
-                entries[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+                entries[rel] = {"size": path.stat().st_size, "sha256": sha256_counted(path, Mark.SAVE_BYTES)}
         write_manifest(ckpt_dir, entries, meta)
-        ckpt.write_latest(paths, ckpt_dir.name)
-        ckpt.cleanup_old_checkpoints(paths, keep_last)
+        write_latest(paths.checkpoints, ckpt_dir.name)
+        prune_checkpoints(paths.checkpoints, keep_last)

@@ -1,4 +1,4 @@
-"""The work of the auxiliary jobs (`runctl preprocess | convert | export-hf | eval`), one function
+"""The work of the auxiliary jobs (`runctl preprocess | convert | export-hf | eval | sdc-check`), one function
 each, run inside the SLURM job (or the local subprocess) that orchestrator.auxjobs submits with
 submitit. Each takes plain values and returns a small JSON-able dict: that dict is what the
 controller's events.jsonl records as the job's result.
@@ -7,6 +7,7 @@ controller's events.jsonl records as the job's result.
     convert(run_dir, step)                          -> {"checkpoint", "output"}
     export_hf(run_dir, step, output)                -> {"checkpoint", "output", "parameters"}
     evaluate(run_dir, step)                         -> {"checkpoint", "loss", "perplexity", "samples", "tokens"}
+    sdc_check(run_dir, step, steps)                 -> {"match", "first_mismatch", "mismatched_steps", ...}
 
 export-hf and eval read a checkpoint of ANY (tp, pp, dp) layout through its universal checkpoint
 (trainer.universal: TP slices merged, fp32 master weights), converting it first when it is not
@@ -17,12 +18,16 @@ split (trainer.loop.build_datasets): the same samples the trainer's in-run evalu
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.protocol import RunPaths
+from orchestrator.contract import RunPaths
 
 
 def preprocess(inputs: list[str], output_prefix: str, tokenizer: str, workers: int = 1,
@@ -65,21 +70,23 @@ def convert(run_dir: str, step: int | None = None, overwrite: bool = False) -> d
 
 
 def _universal_of(source: Path) -> Path:
-    """The universal checkpoint of `source`, made now when there is none yet."""
-    from trainer.checkpoint_format import UNIVERSAL_SUFFIX
+    """The universal checkpoint of `source`, made now when there is none yet; an existing one
+    must verify (owner, hashes) before its files are unpickled (full_model_state)."""
+    from trainer.checkpoint_format import UNIVERSAL_SUFFIX, require_verified
     from trainer.universal import convert_to_universal, is_universal
 
     if is_universal(source):
-        return source
+        return require_verified(source)
     universal = source.with_name(source.name + UNIVERSAL_SUFFIX)
     if is_universal(universal):
-        return universal
-    return convert_to_universal(source)
+        return require_verified(universal)
+    return convert_to_universal(source)  # verifies the source first; writes a fresh manifest
 
 
 def full_model_state(universal: Path, num_layers: int) -> dict[str, Any]:
     """Our BloomModel's full (tp = 1) state dict, fp32, from a universal checkpoint's
-    zero/<pipeline parameter name>/fp32.pt files."""
+    zero/<pipeline parameter name>/fp32.pt files (DeepSpeed's format, pickled: the caller has
+    verified `universal` against its manifest, _universal_of)."""
     import torch
 
     from trainer.convert_hf import model_state_from_pipeline
@@ -155,4 +162,59 @@ def evaluate(run_dir: str, step: int | None = None) -> dict[str, Any]:
             "tokens": batches * micro * cfg.model.seq_length, "dtype": cfg.model.dtype, "device": device.type, "host": os.uname().nodename}
 
 
-TASKS = {"preprocess": preprocess, "convert": convert, "export-hf": export_hf, "eval": evaluate}
+def _replay_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """A replay rank's environment: torchrun's variables (trainer.launch), none of the aux job's
+    own SLURM ones (one task of its own, which the ranks must not take for their layout)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port))
+    return env
+
+
+def sdc_check(run_dir: str, step: int, steps: int = 1, timeout_seconds: float = 3600.0) -> dict[str, Any]:
+    """`python -m trainer.replay` at the run's own layout: its world size of ranks on this node (one
+    GPU each on a GPU cluster), each logging to reports/replay-step_S-kK-rank-R.log; the full
+    result in reports/replay-step_S-kK.json; returned: the verdict and what names the mismatch
+    (small: it goes to events.jsonl). A replay that could not run raises, with rank 0's last lines."""
+    from trainer.launch import free_port
+
+    cfg, paths = _run_paths(run_dir)
+    if not paths.checkpoint(step).is_dir():
+        raise FileNotFoundError(f"no checkpoint {paths.checkpoint(step)}: pick a step from `ls {paths.checkpoints}`")
+    world, report = cfg.world_size, paths.replay_report(step, steps)
+    paths.reports.mkdir(parents=True, exist_ok=True)
+    report.unlink(missing_ok=True)
+    port, procs = free_port(), []
+    for rank in range(world):
+        with open(paths.replay_log(step, steps, rank), "wb") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "trainer.replay", str(paths.root), "--step", str(step), "--steps", str(steps),
+                 "--output", str(report)],
+                env=_replay_env(rank, world, port), stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    deadline = time.monotonic() + timeout_seconds
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    codes = [p.returncode for p in procs]
+    if not report.is_file() or codes[0] not in (0, 3):  # trainer.replay: 0 match, 3 mismatch
+        tail = paths.replay_log(step, steps, 0).read_text(errors="replace").splitlines()[-15:]
+        raise RuntimeError(f"the replay ranks exited {codes} without a result; rank 0's last lines:\n" + "\n".join(tail))
+    full = json.loads(report.read_text())
+    first = full.get("first_mismatch")
+    return {  # not a beat or event: trainer.replay's result
+        "checkpoint": full["checkpoint"], "steps_replayed": full["steps_replayed"], "comparison": full["comparison"],
+        "layout": full["layout"], "match": full["match"], "probe_problems": full["probe_problems"],
+        "mismatched_steps": [row["step"] for row in full["per_step"] if row["match"] is False],
+        "first_mismatch": None if first is None else {
+            "step": first["step"], "differ": first["differ"],
+            "dp_replicas": [{"dp_replica": r["dp_replica"], "ranks": r["ranks"]} for r in first["dp_replicas"]],
+        },
+        "report": str(report), "exit_codes": codes,
+    }
+
+
+TASKS = {"preprocess": preprocess, "convert": convert, "export-hf": export_hf, "eval": evaluate,
+         "sdc-check": sdc_check}

@@ -5,6 +5,9 @@ scratch filesystem): `RunPaths.of(run_dir, cfg.checkpoint.dir).checkpoints`, the
 controller and the dashboard use too. The manifest helpers are trainer.checkpoint_format's.
 
 Save (every rank calls it; collective):
+0. rank 0 writes our JSON files: `trainer_state.json` (the counters and the rollback bookkeeping,
+   orchestrator.contract.directive.CheckpointState, readable without torch) and `probe.json`
+   (what the model being saved computes on the probe batch, trainer/probe.py).
 1. `engine.save_checkpoint(checkpoints/, tag=step_N, client_state=...)`: DeepSpeed's model and
    optimizer files (bf16 weights, fp32 master partitions, Adam moments) plus our client state
    (step, consumed samples, LR samples, rampup batch, schedule parameters).
@@ -15,37 +18,42 @@ Save (every rank calls it; collective):
 
 A checkpoint without a MANIFEST is not a checkpoint (a save that died half way). Resume takes the
 newest `step_*` not newer than `latest` whose manifest verifies; a damaged one is skipped, reported
-on stderr and in `checkpoints/damaged.jsonl`, and never deleted. Cleanup deletes only complete,
+on stderr and in `checkpoints/damaged.jsonl`, and never deleted. A checkpoint whose probe failed
+after its load (trainer/probe.py) verifies by hash, so its report carries the sha256 of its
+MANIFEST, and a checkpoint with that exact manifest is skipped without being loaded again (a later
+save of the same step has another manifest). Cleanup deletes only complete,
 non-damaged checkpoints older than the newest `keep_last` complete ones, never the one `latest`
 names, so it can never delete the only good checkpoint.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import random
-import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from orchestrator.protocol import (  # noqa: F401 - verify_manifest, read_json: used via this module
+from orchestrator.contract import (  # noqa: F401 - verify_manifest: used via this module
     CHECKPOINT_NAME_FORMAT,
     DAMAGED_LOG_NAME,
     MANIFEST_NAME,
     RunPaths,
-    append_jsonl,
     atomic_write_text,
-    read_json,
-    read_jsonl,
+    prune_checkpoints,
+    read_manifest,
     resume_candidates,
+    sha256_file,
     step_of,
     verify_manifest,
+    write_latest,
 )
+from orchestrator.contract.manifest import DamageReport, read_damage_reports, report_damage
 from trainer.checkpoint_format import (  # noqa: F401 - re-exported: the manifest helpers
     UNIVERSAL_SUFFIX,
     dist_barrier,
@@ -57,79 +65,76 @@ from trainer.checkpoint_format import (  # noqa: F401 - re-exported: the manifes
     write_manifest,
 )
 
-DAMAGED_LOG = DAMAGED_LOG_NAME
 CLIENT_STATE_KEY = "trainer"
 
 
-# -- latest / listing ------------------------------------------------------------------------
-def read_latest(paths: RunPaths) -> str | None:
-    try:
-        name = paths.latest.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        return None
-    return name or None
-
-
-def write_latest(paths: RunPaths, name: str) -> None:
-    atomic_write_text(paths.latest, name + "\n")
-
-
-def complete_checkpoints(paths: RunPaths) -> list[tuple[int, Path]]:
-    """(step, dir) of every step_* that has a manifest, oldest first."""
-    found = []
-    if paths.checkpoints.is_dir():
-        for child in paths.checkpoints.iterdir():
-            step = step_of(child.name)
-            if step is not None and child.is_dir() and (child / MANIFEST_NAME).exists():
-                found.append((step, child))
-    return sorted(found)
-
-
-def damaged_names(paths: RunPaths) -> set[str]:
-    return {r.get("checkpoint", "") for r in read_jsonl(paths.damaged)}
-
-
-def report_damaged(paths: RunPaths, ckpt_dir: Path, problems: list[str], job_id: str) -> None:
+# -- damage reports ------------------------------------------------------------------------
+def report_damaged(paths: RunPaths, ckpt_dir: Path, problems: list[str], job_id: str,
+                   manifest_sha256: str | None = None) -> None:
     print(f"[checkpoint] SKIPPING damaged checkpoint {ckpt_dir.name}: {'; '.join(problems[:5])}", file=sys.stderr,
           flush=True)
-    append_jsonl(paths.damaged, {
-        "checkpoint": ckpt_dir.name, "problems": problems[:20], "time": time.time(), "job_id": job_id,
-    })
+    report_damage(
+        paths.checkpoints,
+        DamageReport(ckpt_dir.name, problems[:20], job_id, time.time(), manifest_sha256=manifest_sha256),
+    )
+
+
+def manifest_digest(ckpt_dir: Path) -> str | None:
+    """sha256 of a checkpoint's MANIFEST.json: the identity of this save of this step."""
+    try:
+        return sha256_file(Path(ckpt_dir) / MANIFEST_NAME)
+    except OSError:
+        return None
+
+
+def verified_checkpoints(paths: RunPaths, job_id: str = "") -> Iterator[Path]:
+    """Complete checkpoints not newer than `latest` whose manifest verifies, newest first
+    (collective: every rank iterates the same list, from rank 0's view of the filesystem). The
+    candidates and their order are the contract's (orchestrator.contract.resume_candidates), which
+    the controller uses to predict the same choice; hash failures are reported as they are met, and
+    a checkpoint whose probe failed before (same manifest) is skipped without a word."""
+    rank, _ = dist_world()
+    # Rank 0's view for everyone: a lagging shared filesystem must not make ranks diverge.
+    candidates, probe_failed = gather_to_all((
+        [str(d) for d in resume_candidates(paths.checkpoints)],
+        {r.manifest_sha256 for r in read_damage_reports(paths.checkpoints) if r.manifest_sha256},
+    ))[0]
+    for ckpt_name in candidates:
+        ckpt_dir = Path(ckpt_name)
+        if gather_to_all(manifest_digest(ckpt_dir))[0] in probe_failed:
+            continue
+        problems = verify_shared(ckpt_dir)
+        if not problems:
+            yield ckpt_dir
+        elif rank == 0:
+            report_damaged(paths, ckpt_dir, problems, job_id)
 
 
 def find_resume_checkpoint(paths: RunPaths, job_id: str = "") -> Path | None:
-    """Newest complete checkpoint not newer than `latest` whose manifest verifies (collective).
-    The candidates and their order are the contract's (orchestrator.protocol.resume_candidates),
-    which the controller uses to predict the same choice."""
-    rank, _ = dist_world()
-    # Rank 0's view for everyone: a lagging shared filesystem must not make ranks diverge.
-    candidates = gather_to_all([str(d) for d in resume_candidates(paths.checkpoints)])[0]
-    for ckpt_name in candidates:
-        ckpt_dir = Path(ckpt_name)
-        problems = verify_shared(ckpt_dir)
-        if not problems:
-            return ckpt_dir
-        if rank == 0:
-            report_damaged(paths, ckpt_dir, problems, job_id)
-    return None
+    """The newest of `verified_checkpoints` (collective)."""
+    return next(verified_checkpoints(paths, job_id), None)
 
 
 def saved_layout(ckpt_dir: Path) -> dict[str, int]:
     """{"tp", "pp", "dp"} the checkpoint was saved at ({} for checkpoints from before it was recorded)."""
-    return dict((read_json(ckpt_dir / MANIFEST_NAME) or {}).get("layout") or {})
+    manifest = read_manifest(ckpt_dir)
+    return dict(manifest.layout) if manifest is not None else {}
 
 
 def choose_resume_checkpoint(paths: RunPaths, layout: dict[str, int], job_id: str = "") -> tuple[Path | None, bool]:
-    """(checkpoint, is_universal) to resume this layout from (collective).
+    """(checkpoint, is_universal) to resume this layout from (collective): `loadable_form` of the
+    newest verified checkpoint."""
+    found = find_resume_checkpoint(paths, job_id)
+    return (None, False) if found is None else loadable_form(paths, found, layout)
 
-    The newest verified checkpoint, as saved when its layout is this job's; at another layout its
-    universal conversion `step_N_universal` (made by `python -m trainer.universal RUN_DIR --step N`),
-    which must verify too. No conversion yet: a LayoutError that says which command makes it."""
+
+def loadable_form(paths: RunPaths, found: Path, layout: dict[str, int]) -> tuple[Path, bool]:
+    """(checkpoint, is_universal) that loads `found` at this layout (collective): `found` itself
+    when its layout is this job's; at another layout its universal conversion `step_N_universal`
+    (made by `python -m trainer.universal RUN_DIR --step N`), which must verify too. No conversion
+    yet: a LayoutError that says which command makes it."""
     from trainer.parallel.groups import LayoutError
 
-    found = find_resume_checkpoint(paths, job_id)
-    if found is None:
-        return None, False
     saved = saved_layout(found)
     if not saved or saved == layout:
         return found, False
@@ -154,6 +159,16 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+# What an RNG file holds besides tensors and plain values: numpy's MT19937 state, an ndarray of
+# uint32. torch.load(weights_only=True) accepts these and nothing else (no code runs on load).
+RNG_SAFE_GLOBALS = [np.empty(0).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_rng_state(path: Path) -> dict[str, Any]:
+    with torch.serialization.safe_globals(RNG_SAFE_GLOBALS):
+        return torch.load(path, weights_only=True)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
@@ -165,11 +180,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # -- save / load ------------------------------------------------------------------------------
 def save_checkpoint(engine, paths: RunPaths, step: int, client_state: dict[str, Any], keep_last: int,
                     job_id: str = "", extra_client_state: dict[str, Any] | None = None,
-                    layout: dict[str, int] | None = None, seal: bool = True) -> Path:
+                    layout: dict[str, int] | None = None, seal: bool = True,
+                    json_files: dict[str, Any] | None = None, before_write: Callable[[], None] | None = None) -> Path:
     """Collective. Returns the checkpoint directory once MANIFEST and `latest` are written.
     seal=False: trainer.async_checkpoint's snapshot, which seals after its background write.
     `extra_client_state` goes to DeepSpeed's client state at the top level (e.g. the universal
-    checkpoint info that ds_to_universal reads)."""
+    checkpoint info that ds_to_universal reads). `json_files` {name: data}: written by rank 0 into
+    the checkpoint (covered by the manifest). `before_write`: called on every rank right before
+    DeepSpeed writes (a TEST-ONLY fault hook, trainer.faults)."""
     rank, world = dist_world()
     tag = CHECKPOINT_NAME_FORMAT.format(step=step)
     ckpt_dir = paths.checkpoint(step)
@@ -180,6 +198,12 @@ def save_checkpoint(engine, paths: RunPaths, step: int, client_state: dict[str, 
         ckpt_dir.rename(aside)
         print(f"[checkpoint] {tag} existed; moved to {aside.name}", file=sys.stderr, flush=True)
     dist_barrier()
+    if rank == 0 and json_files:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        for name, data in json_files.items():
+            atomic_write_text(ckpt_dir / name, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    if before_write is not None:
+        before_write()
     engine.save_checkpoint(str(paths.checkpoints), tag=tag, client_state={**(extra_client_state or {}), CLIENT_STATE_KEY: client_state},
                            save_latest=False)
     rng_dir = ckpt_dir / "rng"
@@ -195,8 +219,8 @@ def save_checkpoint(engine, paths: RunPaths, step: int, client_state: dict[str, 
     if rank == 0:
         write_manifest(ckpt_dir, entries, {"step": step, "world_size": world, "job_id": job_id,
                                            "layout": layout or {}})
-        write_latest(paths, tag)
-        cleanup_old_checkpoints(paths, keep_last)
+        write_latest(paths.checkpoints, tag)
+        prune_checkpoints(paths.checkpoints, keep_last)
     dist_barrier()
     return ckpt_dir
 
@@ -212,29 +236,10 @@ def load_checkpoint(engine, paths: RunPaths, ckpt_dir: Path) -> dict[str, Any]:
         raise RuntimeError(f"DeepSpeed could not load {ckpt_dir}, although its manifest verified")
     rng_file = ckpt_dir / "rng" / f"rank-{rank:05d}.pt"
     if rng_file.exists():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        set_rng_state(load_rng_state(rng_file))
     else:
         print(f"[checkpoint] no RNG state for rank {rank} in {ckpt_dir.name} (different world size?): "
               "RNG streams restart from the seed", file=sys.stderr, flush=True)
     return dict(client[CLIENT_STATE_KEY])
 
 
-def cleanup_old_checkpoints(paths: RunPaths, keep_last: int) -> list[str]:
-    """Delete complete, non-damaged checkpoints older than the newest `keep_last` complete ones;
-    never the one `latest` names. Rank 0 only. Returns the names deleted."""
-    complete = complete_checkpoints(paths)
-    keep = {d.name for _, d in complete[-max(1, keep_last):]}
-    protected = keep | damaged_names(paths)
-    latest = read_latest(paths)
-    if latest:
-        protected.add(latest)
-    deleted = []
-    for _, ckpt_dir in complete:
-        if ckpt_dir.name in protected:
-            continue
-        # Rename first so that a half-deleted directory never looks like a checkpoint.
-        doomed = ckpt_dir.with_name(f".deleting-{ckpt_dir.name}")
-        os.replace(ckpt_dir, doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
-        deleted.append(ckpt_dir.name)
-    return deleted

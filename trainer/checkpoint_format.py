@@ -3,7 +3,7 @@ write: the MANIFEST of a checkpoint directory, hashed by every rank in parallel,
 universal conversion. Imports neither of them, so that the two never import each other.
 
 A checkpoint directory is complete once MANIFEST.json (every file, its size and sha256; the format
-is orchestrator.protocol's) is written, last and atomically.
+is orchestrator.contract.manifest's) is written, last and atomically.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from typing import Any
 
 import torch.distributed as tdist
 
-from orchestrator.protocol import MANIFEST_NAME, atomic_write_json, sha256_file, verify_manifest
+from orchestrator.contract import MANIFEST_NAME, Manifest, Mark, verify_manifest
+from orchestrator.contract.manifest import FileEntry
+from orchestrator.contract.manifest import write_manifest as write_manifest_record
+from trainer.progress import sha256_counted, waiting
 
 # `step_NNNNNNN_universal` beside `step_NNNNNNN`: its layout-free conversion (trainer.universal).
 UNIVERSAL_SUFFIX = "_universal"
@@ -29,7 +32,8 @@ def dist_world() -> tuple[int, int]:
 
 def dist_barrier() -> None:
     if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
-        tdist.barrier()
+        with waiting():  # for the peers: the controller tells this rank from the one holding them up
+            tdist.barrier()
 
 
 def gather_to_all(obj: Any) -> list[Any]:
@@ -37,7 +41,8 @@ def gather_to_all(obj: Any) -> list[Any]:
     if world == 1:
         return [obj]
     out: list[Any] = [None] * world
-    tdist.all_gather_object(out, obj)
+    with waiting():
+        tdist.all_gather_object(out, obj)
     return out
 
 
@@ -55,7 +60,7 @@ def hash_files_shared(ckpt_dir: Path, files: list[str]) -> dict[str, dict[str, A
     mine = {}
     for rel in files[rank::world]:
         path = ckpt_dir / rel
-        mine[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        mine[rel] = {"size": path.stat().st_size, "sha256": sha256_counted(path, Mark.SAVE_BYTES)}
     table: dict[str, dict[str, Any]] = {}
     for part in gather_to_all(mine):
         table.update(part)
@@ -63,15 +68,31 @@ def hash_files_shared(ckpt_dir: Path, files: list[str]) -> dict[str, dict[str, A
 
 
 def write_manifest(ckpt_dir: Path, entries: dict[str, dict[str, Any]], meta: dict[str, Any]) -> None:
-    manifest = {"version": 1, "created": time.time(), "files": entries, **meta}
-    atomic_write_json(ckpt_dir / MANIFEST_NAME, manifest)
+    """`entries` as hash_files_shared returns them; `meta`: the Manifest's other fields (step,
+    world_size, job_id, layout, universal_from, probe)."""
+    files = {rel: FileEntry(int(e["size"]), str(e["sha256"])) for rel, e in entries.items()}
+    write_manifest_record(ckpt_dir, Manifest(files=files, created=time.time(), **meta))
 
 
 def verify_shared(ckpt_dir: Path) -> list[str]:
     """Collective: each rank verifies its share of the files; every rank gets all problems."""
     rank, world = dist_world()
-    problems = verify_manifest(ckpt_dir, shard=(rank, world))
+    problems = verify_manifest(ckpt_dir, shard=(rank, world), digest=lambda path: sha256_counted(path, Mark.LOAD_BYTES))
     merged: list[str] = []
     for part in gather_to_all(problems):
         merged.extend(part)
     return sorted(set(merged))
+
+
+def require_verified(ckpt_dir: Path) -> Path:
+    """`ckpt_dir` once its manifest is the run owner's and every file in it is the owner's, with
+    its size and sha256 (orchestrator.contract.verify_manifest), in this one process: what must
+    stand before any torch.load(weights_only=False) of it outside the collective resume (pickle
+    runs code as whoever loads it). ValueError naming the problems otherwise; nothing is loaded."""
+    problems = verify_manifest(ckpt_dir)
+    if problems:
+        raise ValueError(
+            f"{ckpt_dir} does not verify against its {MANIFEST_NAME}, so none of it is loaded: "
+            f"{'; '.join(problems[:3])}"
+        )
+    return ckpt_dir

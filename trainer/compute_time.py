@@ -50,12 +50,13 @@ class ComputeClock:
 
 def _time_compute_instructions(engine: Any, events: list[tuple[Any, Any]]) -> None:
     """Record a CUDA event pair around every forward and backward pass of the pipeline schedule.
-    DeepSpeed looks instructions up in the class's `_INSTRUCTION_MAP`; a per-engine copy keeps
-    other engines untouched."""
+    DeepSpeed looks instructions up in `_INSTRUCTION_MAP`; a per-engine copy of the engine's own
+    (not the class's: that would drop the step guard, the TP grad sync and the progress marks)
+    keeps other engines untouched."""
     import torch  # noqa: PLC0415
     from deepspeed.runtime.pipe import schedule  # noqa: PLC0415
 
-    table = dict(type(engine)._INSTRUCTION_MAP)
+    table = dict(engine._INSTRUCTION_MAP)  # the engine's own: keeps the wrappers installed before
     for kind in (schedule.ForwardPass, schedule.BackwardPass):
         original = table[kind]
 

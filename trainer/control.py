@@ -19,12 +19,12 @@ step, next to a step's gigabytes.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from dataclasses import dataclass
 
-from orchestrator.protocol import KILL_REQUEST, RunPaths, UntrustedFileError, read_untrusted
+from orchestrator.contract import KILL_REQUEST, OperatorRequest, RunPaths
+from orchestrator.contract.requests import read_accepted
 
 # Set by the pre-timeout signal handler; read by Controls. Module-level so that the handler can be
 # installed at process start (a signal during a long init must not kill the process).
@@ -43,7 +43,10 @@ def install_signal_flag(name: str | None) -> None:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Agreement:
+    """What every rank agreed after a step (`Controls.agree`): stop for a kill or the time budget,
+    or save now. Not the controller's launch decision (contract.allocation.Decision)."""
+
     kill: bool = False
     time_budget: bool = False
     checkpoint_due: bool = False
@@ -71,7 +74,7 @@ class Controls:
         self.checkpoint_interval_hours = checkpoint_interval_hours
         self.device = device
         self.last_checkpoint_time = time.time()
-        self.kill_request: dict | None = None
+        self.kill_request: OperatorRequest | None = None
         if pre_timeout_signal and signal.getsignal(getattr(signal, f"SIG{pre_timeout_signal}")) in (
             signal.SIG_DFL, signal.SIG_IGN, None,
         ):
@@ -87,18 +90,10 @@ class Controls:
     # -- local observations ------------------------------------------------------------------
     def kill_requested(self) -> bool:
         """accepted/kill is there (written by the controller only; see the module docstring)."""
-        path = self.paths.accepted_request(KILL_REQUEST)
-        try:
-            data, _ = read_untrusted(path, 64 * 1024)
-        except FileNotFoundError:
+        request = read_accepted(self.paths, KILL_REQUEST)
+        if request is None:
             return False
-        except UntrustedFileError:
-            data = b""  # the owner's controller wrote it; something odd there still means kill
-        try:
-            body = json.loads(data or b"{}")
-        except ValueError:
-            body = {}
-        self.kill_request = body if isinstance(body, dict) else {}
+        self.kill_request = request
         return True
 
     def time_budget_reached(self, now: float | None = None) -> bool:
@@ -119,7 +114,7 @@ class Controls:
         return [int(self.kill_requested()), int(self.time_budget_reached()), int(self.checkpoint_due())]
 
     # -- the agreement -----------------------------------------------------------------------
-    def agree(self, local: list[int] | None = None) -> Decision:
+    def agree(self, local: list[int] | None = None) -> Agreement:
         """Collective: every rank must call it at the same step."""
         import torch
         import torch.distributed as tdist
@@ -128,14 +123,14 @@ class Controls:
         if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
             tdist.all_reduce(flags, op=tdist.ReduceOp.MAX)
         kill, budget, due = (bool(v) for v in flags.tolist())
-        return Decision(kill=kill, time_budget=budget, checkpoint_due=due)
+        return Agreement(kill=kill, time_budget=budget, checkpoint_due=due)
 
-    def describe_stop(self, decision: Decision) -> str:
+    def describe_stop(self, decision: Agreement) -> str:
         if decision.kill:
-            request = self.kill_request or {}
-            who = request.get("user", "?")
-            why = request.get("reason", "")
-            return f"kill switch (by {who}: {why})" if request else "kill switch (seen by another rank)"
+            request = self.kill_request
+            if request is None:
+                return "kill switch (seen by another rank)"
+            return f"kill switch (by {request.user}: {request.reason})"
         if self.signal_received:
             return f"time budget: SLURM pre-timeout signal {self.signal_received}"
         if decision.time_budget:

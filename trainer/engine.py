@@ -186,6 +186,27 @@ def wrap_instruction(engine, instruction: type, after: Callable[[Any], None] | N
     engine._INSTRUCTION_MAP = table
 
 
+def install_progress_marks(engine) -> None:
+    """Count this rank's fine progress (trainer/progress.py) in the pipeline schedule: a mark after
+    each micro-batch forward (`eval` when the module is in eval mode: an eval or a probe) and
+    backward, WAIT when the gradient reduce begins (this rank's share is done; the time there is
+    its peers'), REDUCE when it ends, OPTIMIZER after the step. The instructions are DeepSpeed's
+    own dispatch, so this is the real schedule, pipeline or not (pp = 1 is a one-stage pipeline)."""
+    from deepspeed.runtime.pipe import schedule
+
+    from orchestrator.contract import Mark
+    from trainer.progress import mark
+
+    def forward(eng) -> None:
+        mark(Mark.FORWARD if eng.module.training else Mark.EVAL)
+
+    wrap_instruction(engine, schedule.ForwardPass, after=forward)
+    wrap_instruction(engine, schedule.BackwardPass, after=lambda eng: mark(Mark.BACKWARD))
+    wrap_instruction(engine, schedule.ReduceTiedGrads, before=lambda eng: mark(Mark.WAIT))
+    wrap_instruction(engine, schedule.ReduceGrads, after=lambda eng: mark(Mark.REDUCE))
+    wrap_instruction(engine, schedule.OptimizerStep, after=lambda eng: mark(Mark.OPTIMIZER))
+
+
 def install_replicated_grad_sync(engine, tp: int) -> None:
     """Average the gradients of TP-replicated parameters (LayerNorm, row-parallel biases) over the
     TP group right before each optimizer step, so their copies stay bit-identical (BLOOM saw them

@@ -1,10 +1,20 @@
-"""This rank's heartbeat file, and Python stacks on request: how the controller sees a rank.
+"""This rank's heartbeat, and Python stacks on request: how the controller sees a rank.
 
-Two clocks, written together into `heartbeats/rank-NNNNN.json` (protocol.Heartbeat):
-- `beat_time`: moved by a daemon thread every `watchdog.heartbeat_seconds`, whatever the loop
-  does. It stops only when the process dies or is frozen (SIGSTOP, lost node).
-- `progress_time`: moved only by the training loop (`progress()` after a step, `set_phase()`).
-  A rank blocked in a collective keeps beating but its progress time stands still: a hang.
+Where it goes (orchestrator.contract.Heartbeat, NodeBeat):
+- a rank alone on its node writes `heartbeats/rank-NNNNN.json` every `watchdog.heartbeat_seconds`;
+- on a node of several ranks, every rank writes its beat about once a second into a node-local
+  folder in /dev/shm (trainer/node_beats.py), and local rank 0 gathers them into the node's one
+  file `heartbeats/node-<host>.json` every `watchdog.heartbeat_seconds`: 48 files for BLOOM's
+  384 ranks instead of 384. A dead peer shows there as an entry whose `seq` stops; a dead local
+  rank 0 as a node file that stops changing. Local rank 0 removes the node-local folder at exit.
+
+Three clocks in one beat:
+- `beat_time`/`seq`: moved by a daemon thread, whatever the loop does. They stop only when the
+  process dies or is frozen (SIGSTOP, lost node).
+- `progress_count`/`progress_unit`/`mark_gaps`: the fine progress (trainer/progress.py): marks
+  bumped by hooks in the schedule and the checkpoint I/O, read here.
+- `progress_time`: the last mark's, or the loop's last `progress()`/`set_phase()`, whichever is
+  later. A rank blocked in a collective keeps beating but its progress stands still: a hang.
 
 The same thread serves `accepted/dump-stacks` (published by the controller only): when that file's mtime is newer than the last
 dump, every thread's Python stack goes to `stacks/rank-NNNNN.txt` (atomic write). The main
@@ -23,9 +33,29 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import fields
 from pathlib import Path
 
-from orchestrator.protocol import DUMP_STACKS_REQUEST, Heartbeat, Phase, RunPaths, atomic_write_text
+from orchestrator.contract import (
+    DUMP_STACKS_REQUEST,
+    Heartbeat,
+    NodeBeat,
+    Phase,
+    RunPaths,
+    atomic_write_text,
+    write_heartbeat,
+    write_node_beat,
+)
+from trainer.node_beats import NodeLocalBeats
+from trainer.progress import COUNTER
+
+# What the loop may report in a beat (the rest is the writer's own bookkeeping).
+REPORTED = frozenset(f.name for f in fields(Heartbeat)) - {
+    "rank", "world_size", "host", "job_id", "pid", "step", "phase", "beat_time", "progress_time",
+    "phase_started", "restart_count", "process_started", "launch", "seq", "version", "durations",
+    "progress_count", "progress_unit", "mark_gaps",
+}
+LOCAL_BEAT_SECONDS = 1.0  # how often a rank of a shared node leaves its beat in /dev/shm
 
 
 def format_all_stacks() -> str:
@@ -52,7 +82,12 @@ class HeartbeatWriter:
         job_id: str,
         interval_seconds: float,
         host: str | None = None,
+        local_rank: int = 0,
+        local_world_size: int = 1,
+        node_local_root: Path | None = None,
     ):
+        """`local_world_size` > 1: the node's ranks share one node file, written by `local_rank` 0
+        (`node_local_root`: where the node-local folder goes, /dev/shm by default)."""
         self.paths = paths
         self.rank = rank
         self.world_size = world_size
@@ -66,7 +101,8 @@ class HeartbeatWriter:
         self._phase = Phase.INIT.value
         self._progress_time = now
         self._phase_started = now
-        self._extra: dict = {}
+        self._reported: dict = {}  # REPORTED fields, as the loop last said them
+        self._durations: dict[str, float] = {}  # the longest completed init/checkpoint/eval
         self._seq = 0
         # SLURM keeps a requeued job's id; its restart count and our start time tell the beats apart.
         self._restart_count = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
@@ -76,12 +112,20 @@ class HeartbeatWriter:
         self._thread: threading.Thread | None = None
         self._last_dump_request = self._dump_request_mtime()  # a stale request from before start is ignored
         self._sigusr2_file = None
+        self.local_rank = local_rank
+        self._node: NodeLocalBeats | None = None
+        if local_world_size > 1:
+            self._node = NodeLocalBeats(job_id, self._restart_count, self._launch, self.host, node_local_root)
+        self._gatherer = self._node is not None and local_rank == 0
+        # The thread wakes every `_tick`: a shared node's ranks refresh their node-local beat at
+        # each; the run directory is written (and the stacks request looked at) every `interval`.
+        self._tick = min(interval_seconds, LOCAL_BEAT_SECONDS) if self._node is not None else interval_seconds
 
     # -- called by the training loop ---------------------------------------------------------
-    def progress(self, step: int, **extra) -> None:
+    def progress(self, step: int, **reported) -> None:
         """The loop advanced: move the progress time (and write now, so the controller sees it).
 
-        `extra.step_seconds` is the duration of the steps since the last progress, per step, when
+        `step_seconds` (computed here) is the duration of the steps since the last progress, per step, when
         nothing else (a save, an eval) happened in between: the controller learns its step timeout
         from it and from nothing else.
 
@@ -89,28 +133,37 @@ class HeartbeatWriter:
         waits for peers excluded: trainer/compute_time.py) and `compute_group` (ranks with the
         same pipeline stage and TP rank do the same work): the controller's straggler detection
         compares them (orchestrator/controller/stragglers.py)."""
+        self._check(reported)
         with self._lock:
             now = time.time()
             if self._phase == Phase.STEP.value and step > self._step:
-                self._extra["step_seconds"] = (now - self._progress_time) / (step - self._step)
+                self._reported["step_seconds"] = (now - self._progress_time) / (step - self._step)
             self._step = step
             self._progress_time = now
-            self._extra.update(extra)
+            self._reported.update(reported)
         self.write()
 
-    def note(self, **extra) -> None:
-        """Add fields to the beat's `extra` (e.g. exit_code) without moving the progress time."""
+    def note(self, **reported) -> None:
+        """Set fields of the beat (e.g. exit_code, resumed_from) without moving the progress time."""
+        self._check(reported)
         with self._lock:
-            self._extra.update(extra)
+            self._reported.update(reported)
+
+    @staticmethod
+    def _check(reported: dict) -> None:
+        unknown = sorted(set(reported) - REPORTED)
+        if unknown:
+            raise TypeError(f"not a heartbeat field the loop reports: {unknown} (orchestrator.contract.Heartbeat)")
 
     def set_phase(self, phase: Phase, step: int | None = None) -> None:
+        COUNTER.begin_phase(phase)
         with self._lock:
             now = time.time()
-            # The longest init/checkpoint/eval so far goes into the beat (`extra.durations`): the
+            # The longest init/checkpoint/eval so far goes into the beat (`durations`): the
             # controller learns its per-phase timeouts from it even when a whole save happens
             # between two of its passes. Steps are learned from progress instead.
             if self._phase in TIMED_PHASES and Phase(phase).value != self._phase:
-                durations = self._extra.setdefault("durations", {})
+                durations = self._durations
                 durations[self._phase] = max(durations.get(self._phase, 0.0), now - self._phase_started)
             self._phase = Phase(phase).value
             self._phase_started = now
@@ -122,6 +175,13 @@ class HeartbeatWriter:
     # -- the background thread ---------------------------------------------------------------
     def start(self) -> HeartbeatWriter:
         self.paths.heartbeats.mkdir(parents=True, exist_ok=True)
+        if self._node is not None:
+            self._node.open()
+            if self._gatherer:
+                try:
+                    self._node.sweep()  # earlier jobs' folders a SIGKILLed local rank 0 left
+                except OSError as exc:  # never a reason not to train
+                    print(f"[trainer rank {self.rank}] could not sweep {self._node.parent}: {exc}", file=sys.stderr)
         self._install_sigusr2()
         self.write()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-rank{self.rank}", daemon=True)
@@ -134,12 +194,19 @@ class HeartbeatWriter:
             self._thread.join(timeout=5 * self.interval + 1)
         if final_phase is not None:
             self.set_phase(final_phase)
+        if self._gatherer:
+            self._node.remove()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        next_beat = time.monotonic() + self.interval
+        while not self._stop.wait(self._tick):
             try:
-                self.write()
-                self._maybe_dump_stacks()
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.interval
+                    self.write()
+                    self._maybe_dump_stacks()
+                elif not self._gatherer:
+                    self.write()  # a peer's node-local beat, about once a second
             except Exception as exc:  # a full disk must not kill training; the controller sees stale beats
                 print(f"[heartbeat rank {self.rank}] could not write: {exc}", file=sys.stderr, flush=True)
 
@@ -152,11 +219,15 @@ class HeartbeatWriter:
                 job_id=self.job_id,
                 pid=os.getpid(),
                 step=self._step,
-                phase=self._phase,
+                phase=Phase(self._phase),
                 beat_time=time.time(),
-                progress_time=self._progress_time,
+                progress_time=max(self._progress_time, COUNTER.last_mark_time()),
                 phase_started=self._phase_started,
-                extra=dict(self._extra),
+                progress_count=COUNTER.count,
+                progress_unit=COUNTER.unit_name,
+                mark_gaps=dict(COUNTER.gaps),
+                durations=dict(self._durations),
+                **self._reported,
                 restart_count=self._restart_count,
                 process_started=self._process_started,
                 seq=self._next_seq(),
@@ -168,7 +239,18 @@ class HeartbeatWriter:
         return self._seq
 
     def write(self) -> None:
-        atomic_write_text(self.paths.heartbeat(self.rank), self.snapshot().to_json() + "\n")
+        beat = self.snapshot()
+        if self._node is None:
+            write_heartbeat(self.paths.heartbeats, beat)
+        elif not self._gatherer:
+            try:
+                self._node.write(beat)
+            except FileNotFoundError:
+                pass  # local rank 0 has exited and removed the node-local folder: nobody gathers now
+        else:
+            ranks = sorted([beat, *self._node.read(skip_rank=self.rank)], key=lambda b: b.rank)
+            node = NodeBeat(self.host, self.job_id, self.world_size, self._restart_count, self._launch, ranks)
+            write_node_beat(self.paths.heartbeats, node)
 
     # -- stacks on request -------------------------------------------------------------------
     def stacks_path(self) -> Path:

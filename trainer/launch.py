@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import socket
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -33,6 +33,8 @@ class DistEnv:
     master_port: int
     job_id: str
     source: str  # "slurm" | "torchrun" | "single"
+    local_world_size: int = 1  # ranks on this node: one heartbeat file per node when > 1
+
 
     @property
     def host(self) -> str:
@@ -53,21 +55,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def slurm_hostnames(nodelist: str) -> list[str]:
-    """SLURM's node names of a node list (`node[01-03]`), in order (`scontrol show hostnames`)."""
-    out = subprocess.run(
-        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
-    )
-    return out.stdout.split()
-
-
-def node_address(node: str) -> str:
-    """A node's IPv4 address as other nodes reach it, the way the job script finds MASTER_ADDR:
-    SLURM's NodeAddr (the node name need not resolve: on the local cluster node01 does not),
-    resolved. Raises OSError when it does not resolve."""
-    out = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True, timeout=30, check=False)
-    addr = next((w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("NodeAddr=")), node)
-    return socket.getaddrinfo(addr, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+def slurm_tasks_on_this_node(env: Mapping[str, str], world: int, nnodes: int) -> int:
+    """Tasks of this step on this node, from SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE),
+    e.g. "4(x2),3" = 4, 4, 3 on nodes 0, 1, 2, indexed by SLURM_NODEID; without them an even share."""
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
+    counts: list[int] = []
+    for part in filter(None, spec.split(",")):
+        found = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if found is None:
+            counts = []
+            break
+        counts += [int(found.group(1))] * int(found.group(2) or 1)
+    node = env.get("SLURM_NODEID", "")
+    if counts and node.isdigit() and int(node) < len(counts):
+        return counts[int(node)]
+    return max(1, -(-world // max(1, nnodes)))
 
 
 def dist_env_from(env: Mapping[str, str]) -> DistEnv:
@@ -90,6 +92,7 @@ def dist_env_from(env: Mapping[str, str]) -> DistEnv:
             master_port=int(env.get("MASTER_PORT") or free_port()),
             job_id=job_id,
             source="slurm",
+            local_world_size=slurm_tasks_on_this_node(env, world, nnodes),
         )
     if "RANK" in env and "WORLD_SIZE" in env:
         return DistEnv(
@@ -101,6 +104,7 @@ def dist_env_from(env: Mapping[str, str]) -> DistEnv:
             master_port=int(env.get("MASTER_PORT") or free_port()),
             job_id=job_id,
             source="torchrun",
+            local_world_size=_int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else 1,
         )
     return DistEnv(0, 1, 0, 1, "127.0.0.1", int(env.get("MASTER_PORT") or free_port()), job_id, "single")
 

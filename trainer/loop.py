@@ -2,8 +2,15 @@
 
 Per step: rampup batch -> LR -> `engine.train_batch` -> metrics -> heartbeat progress -> agreed
 control decision (kill / time budget / time-based checkpoint) -> step-interval checkpoint -> maybe
-stop. The loop's state (`TrainState`) is four counters; with the engine's files and each rank's RNG
-state they are the whole checkpoint, which is what makes a resume bit-exact.
+stop. The loop's state (`TrainState`) is five counters and the rollback bookkeeping
+(`RollbackState`: the data skip list, the LR cut, the directives applied; trainer/rollback.py);
+with the engine's files and each rank's RNG state they are the whole checkpoint, which is what
+makes a resume bit-exact.
+
+At start, the checkpoint to resume from is the newest verified one, or the one an accepted rollback
+directive asks for (trainer/resume.py); after its load the model must compute on the probe batch
+what it computed when it was saved (trainer/probe.py), else it is reported damaged and the one
+before is loaded.
 """
 
 from __future__ import annotations
@@ -12,26 +19,33 @@ import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from orchestrator.protocol import ExitCode, Phase, RunPaths
+from orchestrator.contract import CHECKPOINT_STATE_NAME, ExitCode, Phase, RunPaths
 from trainer import checkpoint as ckpt
 from trainer import engine as eng
+from trainer import probe
+from trainer import resume as rs
+from trainer import rollback as rb
 from trainer.compute_time import ComputeClock
-from trainer.control import Controls, Decision
+from trainer.control import Agreement, Controls
 from trainer.faults import Fault, FaultInjector, parse_faults
 from trainer.heartbeat import HeartbeatWriter
 from trainer.launch import DistEnv
 from trainer.metrics import MetricsLogger
+from trainer.progress import waiting
 from trainer.schedules import lr_schedule_from_config, rampup_from_config
 
 
 @dataclass
 class TrainState:
     step: int = 0  # optimizer steps taken (skipped ones included): checkpoint step_N = after N steps
-    consumed_samples: int = 0  # data position; drives the rampup
+    # The data position in the global sample order: one past the last sample served, the samples
+    # a rollback skipped included (docs/data.md, "Exact data skip"). Drives the rampup.
+    consumed_samples: int = 0
     lr_samples: int = 0  # samples of applied steps; drives the LR (a skipped step does not advance it)
     skipped_total: int = 0
     global_batch: int = 0  # the rampup state at the last step (checked against the schedule on resume)
@@ -51,6 +65,7 @@ class Overrides:
     step_delay_seconds: float = 0.0
     faults: list[Fault] = field(default_factory=list)  # TEST-ONLY (trainer.faults)
     tensorboard: bool = True
+    sample_log: bool = False  # logs/samples-dp<d>.jsonl: the positions each step read (tests, audits)
 
     @classmethod
     def from_env(cls, env) -> Overrides:
@@ -64,6 +79,7 @@ class Overrides:
             step_delay_seconds=float(env.get("TRAINER_STEP_DELAY_SECONDS") or 0.0),
             faults=parse_faults(env.get("TRAINER_FAULT", "")),
             tensorboard=env.get("TRAINER_TENSORBOARD", "1") != "0",
+            sample_log=env.get("TRAINER_SAMPLE_LOG", "0") == "1",
         )
 
 
@@ -90,18 +106,16 @@ def build_datasets(cfg, paths: RunPaths, rank: int):
     cache in data_cache/, the others wait, then memory-map it)."""
     import torch.distributed as tdist
 
+    from orchestrator.preflight import data_checks
     from trainer.data import build_train_valid_test_datasets
-    from trainer.data.indexed_dataset import data_path, index_path
     from trainer.parallel.groups import LayoutError
 
-    # Every rank checks before the barrier: a missing dataset is a config problem (exit
-    # CONFIG_ERROR, the controller does not restart), not a crash of rank 0 alone.
-    missing = [str(p) for d in cfg.data.datasets for p in (index_path(d.path), data_path(d.path)) if not p.is_file()]
+    # Every rank checks before the barrier (python -m trainer checked at start too; this is for
+    # the other callers): a missing dataset is a config problem (exit CONFIG_ERROR, the controller
+    # does not restart), not a crash of rank 0 alone. The rule is the submit host's pre-flight.
+    missing = [check.message for check in data_checks(cfg) if check.level == "error"]
     if missing:
-        raise LayoutError(
-            f"data.datasets: {', '.join(missing)} not found; build them with `python -m trainer.data.preprocess` "
-            "(the CPU configs: `make data`)"
-        )
+        raise LayoutError("; ".join(missing))
 
     def build(on_this_rank: bool):
         return build_train_valid_test_datasets(
@@ -136,11 +150,15 @@ class Trainer:
         self.lr_schedule = lr_schedule_from_config(cfg)
         self.rampup = rampup_from_config(cfg)
         self.state = TrainState()
+        self.rollback = rb.RollbackState()
+        self.pinned: Path | None = None  # load exactly this checkpoint (a replay), no fallback, nothing reported
+        self.probe_problems: list[str] = []
         self.faults = FaultInjector(overrides.faults, self.rank)  # TEST-ONLY; inert without TRAINER_FAULT
 
     def build(self) -> None:
         from trainer.model import build_pipeline_module, universal_checkpoint_info
         from trainer.parallel.groups import ParallelLayout, initialize_model_parallel
+        from trainer.progress_io import install_counting_checkpoint_engine  # imports deepspeed
 
         cfg = self.cfg
         self.layout = ParallelLayout.from_config(cfg, world_size=self.dist.world_size)
@@ -151,9 +169,22 @@ class Trainer:
         # Chosen before the engine exists: a checkpoint of another layout loads as a universal one,
         # which DeepSpeed must know at initialisation.
         self.layout_dict = {"tp": self.layout.tp, "pp": self.layout.pp, "dp": self.layout.dp}
-        self.resume_from, universal = ckpt.choose_resume_checkpoint(self.paths, self.layout_dict, self.dist.job_id)
-        self.engine = eng.initialize(cfg, module, self.rampup.micro_batches_at(0), load_universal=universal)
+        if self.pinned is None:
+            self.directive = rs.read_directive(self.paths)
+            self.candidates = rs.candidates(self.paths, self.layout_dict, self.dist.job_id, self.directive,
+                                            lambda message: log(self.rank, message))
+        else:  # a replay (trainer/replay.py): that checkpoint, as it is, whatever accepted/ says
+            self.directive = None
+            self.candidates = rs.pinned(self.paths, self.pinned, self.layout_dict)
+        self.candidate = next(self.candidates, None)
+        self.universal = self.candidate is not None and self.candidate.universal
+        self.engine = eng.initialize(cfg, module, self.rampup.micro_batches_at(0), load_universal=self.universal)
         eng.install_replicated_grad_sync(self.engine, self.layout.tp)
+        # Fine progress for the heartbeat (trainer/progress.py): micro-batches, reduce, optimizer,
+        # checkpoint bytes. The faults' hooks go in too (TEST-ONLY, inert without TRAINER_FAULT).
+        eng.install_progress_marks(self.engine)
+        install_counting_checkpoint_engine(self.engine, after_chunk=self.faults.save_chunk_hook())
+        self.faults.wrap_engine(self.engine)
         groups = self.engine.optimizer.param_groups
         log(self.rank, f"engine {type(self.engine).__name__}, optimizer {type(self.engine.optimizer).__name__}, "
                        f"{len(groups)} param groups {[g.get('name') for g in groups]}, layout tp={self.layout.tp} "
@@ -165,37 +196,94 @@ class Trainer:
 
             self.async_writer = AsyncCheckpointer(self.faults)
         self.dp_rank = self.engine.grid.get_data_parallel_id()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and \
+            os.environ.get("DS_ACCELERATOR") != "cpu" else None
         self.dataset, self.valid_dataset = build_datasets(cfg, self.paths, self.rank)
+        self.probe_name, self.probe_dataset = probe.probe_dataset(self.dataset, self.valid_dataset)
         if self.valid_dataset is None and cfg.data.eval_iters:
             log(self.rank, f"no validation documents in split {cfg.data.split!r}: evaluation is off")
 
     def resume(self) -> None:
-        found = self.resume_from
-        if found is None:
-            log(self.rank, "no checkpoint to resume from: starting at step 0")
+        """Load the first candidate whose probe matches (collective); see trainer/resume.py."""
+        loaded_damaged = False
+        candidate = self.candidate
+        while candidate is not None:
+            if candidate.universal != self.universal:
+                raise RuntimeError(f"{candidate.found.name} needs an engine built {'with' if candidate.universal else 'without'} "
+                                   "universal loading; the next start will choose it (the damaged ones are reported)")
+            loading = time.time()
+            client = ckpt.load_checkpoint(self.engine, self.paths, candidate.loadable)
+            problems = []
+            if self.cfg.checkpoint.verify_probe:
+                done, problems = rs.check_probe(self.engine, self.cfg, self.layout, self.probe_name, self.probe_dataset,
+                                                candidate.found)
+                log(self.rank, done)
+            self.probe_problems = problems
+            if not problems or self.pinned is not None:
+                break
+            if self.rank == 0:
+                ckpt.report_damaged(self.paths, candidate.found, problems, self.dist.job_id,
+                                    manifest_sha256=ckpt.manifest_digest(candidate.found))
+            loaded_damaged = True
+            candidate = next(self.candidates, None)
+        if candidate is None:
+            self.start_fresh(loaded_damaged)
             return
-        loading = time.time()
-        client = ckpt.load_checkpoint(self.engine, self.paths, found)
         self.state = TrainState.from_dict(client)
+        self.rollback = rb.resume_state(candidate.state, self.directive, candidate.step, self.state.consumed_samples,
+                                        candidate.passed)
         # For the controller: goodput accounting, and the step this job really resumed from.
         self.hb.note(checkpoint_load_seconds=time.time() - loading, resumed_from=self.state.step)
-        expected = self.rampup.global_batch_at(max(0, self.state.consumed_samples - self.state.global_batch))
+        if self.directive is not None and not rb.has_applied(candidate.state, self.directive):
+            self.hb.note(rollback_applied=self.directive.id)
+            log(self.rank, rb.describe(self.directive, candidate.step, self.rollback))
+        skips = self.rollback.skips
+        last_start = skips.position_of(max(0, skips.kept_below(self.state.consumed_samples) - self.state.global_batch))
+        expected = self.rampup.global_batch_at(last_start)
         if self.state.global_batch and expected != self.state.global_batch:
             log(self.rank, f"WARNING: the rampup config changed: the checkpoint's last batch was "
                            f"{self.state.global_batch}, the schedule now says {expected}")
-        log(self.rank, f"resumed from {found.name}: step {self.state.step}, consumed {self.state.consumed_samples}")
+        log(self.rank, f"resumed from {candidate.loadable.name}: step {self.state.step}, "
+                       f"consumed {self.state.consumed_samples}")
+
+    def start_fresh(self, loaded_damaged: bool) -> None:
+        from trainer.parallel.groups import LayoutError
+
+        if loaded_damaged:  # the engine holds a damaged state: the next start skips it and begins cleanly
+            raise RuntimeError("every checkpoint left failed its probe (reported in checkpoints/damaged.jsonl); "
+                               "the next start begins from step 0")
+        if self.directive is not None and self.directive.to_step > 0:
+            raise LayoutError(f"accepted/rollback {self.directive.id} asks for a checkpoint at or before step "
+                              f"{self.directive.to_step} and none verifies: give to_step 0 to restart from the "
+                              "initial weights, or withdraw the directive")
+        if self.directive is not None:
+            self.rollback = rb.resume_state(None, self.directive, 0, 0)
+            log(self.rank, rb.describe(self.directive, 0, self.rollback))
+        log(self.rank, "no checkpoint to resume from: starting at step 0")
 
     def save(self, why: str) -> None:
         from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
 
-        self.hb.set_phase(Phase.CHECKPOINT, self.state.step)
+        st = self.state
+        self.hb.set_phase(Phase.CHECKPOINT, st.step)
         started = time.time()
-        client = {**asdict(self.state), "lr_schedule": asdict(self.lr_schedule), "rampup": asdict(self.rampup),
+        client = {**asdict(st), "lr_schedule": asdict(self.lr_schedule), "rampup": asdict(self.rampup),
                   "why": why}
+        state = self.rollback.checkpoint_state(st.step, st.consumed_samples, st.lr_samples, st.skipped_total,
+                                               st.global_batch)
+        json_files = {CHECKPOINT_STATE_NAME: state.to_dict()}
+        if self.cfg.checkpoint.verify_probe:  # what the model being saved computes, before it is written
+            computed = probe.compute_probe(self.engine, self.cfg, self.layout, self.probe_name, self.probe_dataset)
+            json_files[probe.PROBE_NAME] = probe.probe_file_record(computed)
+            log(self.rank, f"probe of step {st.step}: loss {computed['loss']:.6g} in {computed['seconds']:.3f}s")
+            if len(set(computed["replica_logits_sha256"])) > 1:
+                log(self.rank, f"WARNING: probe of step {st.step}: the DP replicas compute different logits from "
+                               "the same weights (silent data corruption?): run `python -m trainer.replay`")
         save = self.async_writer.save if self.async_writer is not None else ckpt.save_checkpoint
-        path = save(self.engine, self.paths, self.state.step, client, self.cfg.checkpoint.keep_last,
+        path = save(self.engine, self.paths, st.step, client, self.cfg.checkpoint.keep_last,
                     self.dist.job_id, extra_client_state={UNIVERSAL_CHECKPOINT_INFO: self.uc_info},
-                    layout=self.layout_dict)
+                    layout=self.layout_dict, json_files=json_files,
+                    before_write=lambda: self.faults.before_checkpoint_write(self.engine, st.step))
         self.controls.checkpoint_saved()
         done = "snapshot of" if self.async_writer is not None else "saved"
         log(self.rank, f"{done} {path.name} ({why}) in {time.time() - started:.3f}s")
@@ -224,72 +312,108 @@ class Trainer:
         self.hb.set_phase(Phase.STEP, self.state.step)
         return sum(losses) / len(losses)
 
+    # -- one step ------------------------------------------------------------------------------
+    def start_data(self) -> None:
+        """This rank's micro-batches from the data position on, the skipped ranges left out."""
+        from trainer.data import build_data_loader
+        from trainer.data.sample_log import SampleLog
+
+        cfg = self.cfg
+        tp_rank, dp_rank, pp_rank = self.layout.coords_of(self.rank)
+        logged = self.ov.sample_log and tp_rank == 0 and pp_rank == 0
+        self.sample_log = SampleLog(self.paths.sample_log(dp_rank) if logged else None)
+        dataset = self.sample_log.wrap(self.faults.wrap_dataset(self.dataset))
+        loader = build_data_loader(dataset, self.state.consumed_samples, cfg.parallel.micro_batch_size, self.dp_rank,
+                                   cfg.dp, skips=self.rollback.skips)
+        self.batches = pipe_batches(loader)
+
+    def next_global_batch(self) -> int | None:
+        """The rampup's batch at the data position of the next batch's first sample; None when the
+        training samples left (skipped ones not counted) cannot fill it."""
+        skips, consumed = self.rollback.skips, self.state.consumed_samples
+        global_batch = self.rampup.global_batch_at(skips.position_of(skips.kept_below(consumed)))
+        return None if skips.kept_between(consumed, self.cfg.train_samples) < global_batch else global_batch
+
+    def train_step(self, global_batch: int, clock: ComputeClock | None = None) -> dict:
+        """One optimizer step (collective); the counters advance; returns its metrics (not logged)."""
+        st = self.state
+        eng.set_global_batch(self.engine, global_batch)
+        lr = self.lr_schedule.lr_at(st.lr_samples) * self.rollback.lr_factor(st.step + 1)
+        eng.set_lr(self.engine, lr)
+        if clock is not None:
+            clock.start()
+        self.faults.before_step(st.step + 1)  # a `slow` fault's busy work counts as this rank's compute
+        if self.ov.step_delay_seconds:
+            time.sleep(self.ov.step_delay_seconds)
+        skipped_before = self.engine.skipped_steps
+        started = time.time()
+        loss = float(self.engine.train_batch(self.batches))
+        seconds = time.time() - started
+        compute_seconds = clock.stop() if clock is not None else None
+        skipped = eng.step_was_skipped(self.engine, skipped_before)
+        st.step += 1
+        st.consumed_samples = self.rollback.skips.advance(st.consumed_samples, global_batch)
+        st.global_batch = global_batch
+        if skipped:
+            st.skipped_total += 1
+        else:
+            st.lr_samples += global_batch
+        self.sample_log.step_done(st.step)
+        return {"step": st.step, "loss": loss, "lr": lr, "grad_norm": eng.grad_norm(self.engine), "skipped": skipped,
+                "skipped_total": st.skipped_total, "global_batch": global_batch,
+                "consumed_samples": st.consumed_samples, "step_seconds": seconds, "dp_losses": self.dp_losses(),
+                "compute_seconds": compute_seconds}
+
+    def dp_losses(self) -> list[float] | None:
+        """Each DP replica's own loss of the last step (collective; None at dp = 1): what lets a
+        replay name the replica that computed differently (trainer/replay.py)."""
+        import torch.distributed as tdist
+
+        if self.layout.dp == 1:
+            return None
+        mine = float(self.engine.dp_group_loss) if self.engine.is_last_stage() else float("nan")
+        values = [torch.zeros(1, dtype=torch.float64, device=self.device) for _ in range(self.dist.world_size)]
+        tdist.all_gather(values, torch.tensor([mine], dtype=torch.float64, device=self.device))
+        last = self.layout.pp - 1
+        return [float(values[self.layout.rank_of(0, d, last)].item()) for d in range(self.layout.dp)]
+
+    # -- the loop ---------------------------------------------------------------------------------
     def train(self) -> ExitCode:
         cfg, st = self.cfg, self.state
         self.metrics = MetricsLogger(cfg, self.paths, self.rank, self.dist.world_size, self.ov.tensorboard)
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and \
-            os.environ.get("DS_ACCELERATOR") != "cpu" else None
         self.controls = Controls(
             self.paths, self.rank, self.ov.job_start_time or time.time(), cfg.checkpoint.exit_duration_minutes,
-            cfg.checkpoint.interval_hours, cfg.cluster.pre_timeout_signal, device=device,
+            cfg.checkpoint.interval_hours, cfg.cluster.pre_timeout_signal, device=self.device,
         )
-        from trainer.data import build_data_loader
-
-        loader = build_data_loader(self.dataset, st.consumed_samples, cfg.parallel.micro_batch_size,
-                                   self.dp_rank, cfg.dp)
-        batches = pipe_batches(loader)
+        self.start_data()
         # Straggler detection: this rank's compute time per step, waits for peers excluded (compute_time.py);
         # ranks of the same pipeline stage and TP rank do the same work: the controller compares them.
-        compute_clock = ComputeClock(self.engine, cuda=device is not None)
+        compute_clock = ComputeClock(self.engine, cuda=self.device is not None)
         tp_rank, _, pp_rank = self.layout.coords_of(self.rank)
         compute_group = f"pp{pp_rank}.tp{tp_rank}"
-        target_samples = cfg.train_samples
         steps_this_run = 0
         last_saved_step = st.step
         self.hb.set_phase(Phase.STEP, st.step)
         if self.controls.agree().kill:  # a kill switch left in place: nothing to train, nothing to save
-            log(self.rank, f"not training: {self.controls.describe_stop(Decision(kill=True))}; remove control/kill "
+            log(self.rank, f"not training: {self.controls.describe_stop(Agreement(kill=True))}; remove control/kill "
                            "(runctl resume) to continue")
             return ExitCode.KILLED
         while True:
-            global_batch = self.rampup.global_batch_at(st.consumed_samples)
-            if st.consumed_samples + global_batch > target_samples or (
-                self.ov.max_steps is not None and st.step >= self.ov.max_steps
-            ):
+            global_batch = self.next_global_batch()
+            if global_batch is None or (self.ov.max_steps is not None and st.step >= self.ov.max_steps):
                 break
-            eng.set_global_batch(self.engine, global_batch)
-            lr = self.lr_schedule.lr_at(st.lr_samples)
-            eng.set_lr(self.engine, lr)
-            compute_clock.start()
-            self.faults.before_step(st.step + 1)  # a `slow` fault's busy work counts as this rank's compute
-            if self.ov.step_delay_seconds:
-                time.sleep(self.ov.step_delay_seconds)
-            skipped_before = self.engine.skipped_steps
-            started = time.time()
-            loss = float(self.engine.train_batch(batches))
-            seconds = time.time() - started
-            compute_seconds = compute_clock.stop()
-            skipped = eng.step_was_skipped(self.engine, skipped_before)
-            st.step += 1
-            st.consumed_samples += global_batch
-            st.global_batch = global_batch
-            if skipped:
-                st.skipped_total += 1
-            else:
-                st.lr_samples += global_batch
+            step = self.train_step(global_batch, compute_clock)
             steps_this_run += 1
             eval_loss = self.evaluate() if st.step % cfg.data.eval_interval == 0 else None
-            record = self.metrics.log_step(
-                step=st.step, loss=loss, lr=lr, grad_norm=eng.grad_norm(self.engine), skipped=skipped,
-                skipped_total=st.skipped_total, global_batch=global_batch, consumed_samples=st.consumed_samples,
-                step_seconds=seconds, eval_loss=eval_loss,
-            )
-            if skipped:
+            compute_seconds = step.pop("compute_seconds")
+            record = self.metrics.log_step(**step, eval_loss=eval_loss)
+            if step["skipped"]:
                 log(self.rank, f"step {st.step}: non-finite gradient norm, step SKIPPED (total {st.skipped_total})")
-            self.hb.progress(st.step, loss=record["loss"], consumed_samples=st.consumed_samples,
+            self.hb.progress(st.step, loss=record.loss, consumed_samples=st.consumed_samples,
                              compute_seconds=compute_seconds, compute_step=st.step, compute_group=compute_group)
 
-            decision: Decision = self.controls.agree()
+            with waiting():  # every rank's flags: the time here is the slowest peer's
+                decision: Agreement = self.controls.agree()
             interval = cfg.checkpoint.interval_steps
             stop_after = self.ov.stop_after_steps is not None and steps_this_run >= self.ov.stop_after_steps
             if decision.stop or stop_after or decision.checkpoint_due or (interval and st.step % interval == 0):

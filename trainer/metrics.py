@@ -1,21 +1,26 @@
 """Per-step metrics: one JSON line in `metrics.jsonl` and TensorBoard scalars, on rank 0 only.
 
-Fields of a metrics.jsonl line (the controller's dashboard reads them):
+Fields of a metrics.jsonl line (orchestrator.contract.StepMetrics; the dashboard reads them):
     step, loss, lr, grad_norm, skipped (bool: non-finite grad norm, step not applied),
     skipped_total, global_batch, consumed_samples, step_seconds, tokens_per_s,
     tflops_per_gpu (Megatron's model FLOPs formula, recompute included), time (epoch seconds),
     and eval_loss on the steps where evaluation ran (every data.eval_interval steps; a fixed
-    validation set of data.eval_iters global batches).
+    validation set of data.eval_iters global batches); with dp > 1, dp_losses: each DP replica's
+    own loss, in DP-rank order (their mean is `loss`), for trainer/replay.py.
+consumed_samples is the data position after the step (docs/data.md: a rollback's skipped samples
+count); lr is the LR applied (a rollback's LR cut included). orchestrator/training_health.py
+judges these records.
 A NaN/inf value is written as null (JSON has no NaN).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
-from typing import Any
 
-from orchestrator.protocol import RunPaths, append_jsonl
+from orchestrator.contract import RunPaths, StepMetrics
+from orchestrator.contract.metrics import append_metrics
 
 
 def flops_per_iteration(cfg, global_batch: int) -> float:
@@ -51,33 +56,35 @@ class MetricsLogger:
 
     def log_step(self, *, step: int, loss: float, lr: float, grad_norm: float | None, skipped: bool,
                  skipped_total: int, global_batch: int, consumed_samples: int, step_seconds: float,
-                 eval_loss: float | None = None) -> dict[str, Any]:
+                 eval_loss: float | None = None, dp_losses: list[float] | None = None) -> StepMetrics:
         tokens = global_batch * self.cfg.model.seq_length
         tflops = flops_per_iteration(self.cfg, global_batch) / (step_seconds * self.world_size * 1e12)
-        record = {
-            "step": step,
-            "loss": _finite_or_none(loss),
-            "lr": lr,
-            "grad_norm": _finite_or_none(grad_norm),
-            "skipped": skipped,
-            "skipped_total": skipped_total,
-            "global_batch": global_batch,
-            "consumed_samples": consumed_samples,
-            "step_seconds": step_seconds,
-            "tokens_per_s": tokens / step_seconds,
-            "tflops_per_gpu": tflops,
-            "time": time.time(),
-        }
-        if eval_loss is not None:
-            record["eval_loss"] = _finite_or_none(eval_loss)
+        record = StepMetrics(
+            step=step,
+            time=time.time(),
+            loss=_finite_or_none(loss),
+            lr=lr,
+            grad_norm=_finite_or_none(grad_norm),
+            skipped=skipped,
+            skipped_total=skipped_total,
+            global_batch=global_batch,
+            consumed_samples=consumed_samples,
+            step_seconds=step_seconds,
+            tokens_per_s=tokens / step_seconds,
+            tflops_per_gpu=tflops,
+            eval_loss=_finite_or_none(eval_loss),
+            job_id=os.environ.get("SLURM_JOB_ID"),
+            dp_losses=None if dp_losses is None else [_finite_or_none(x) for x in dp_losses],
+        )
         if not self.enabled:
             return record
-        append_jsonl(self.paths.metrics, record)
+        append_metrics(self.paths.metrics, record)
         if self._tb is not None:
             for key in ("loss", "lr", "grad_norm", "tokens_per_s", "tflops_per_gpu", "global_batch", "eval_loss"):
-                if record.get(key) is not None:
-                    self._tb.add_scalar(f"train/{key}", record[key], step)
-            self._tb.add_scalar("train/loss_vs_samples", record["loss"] or float("nan"), consumed_samples)
+                value = getattr(record, key)
+                if value is not None:
+                    self._tb.add_scalar(f"train/{key}", value, step)
+            self._tb.add_scalar("train/loss_vs_samples", record.loss or float("nan"), consumed_samples)
             self._tb.add_scalar("train/skipped_total", skipped_total, step)
         return record
 

@@ -1,19 +1,16 @@
 """`python -m trainer.standby --go FILE -- python -m trainer RUN_DIR`: a warm rank for the next launch.
 
 Most of a trainer's start is importing torch, DeepSpeed and the model code (seconds per process,
-more when 8 ranks of a node import at once). The in-allocation launcher (trainer/in_allocation.py)
+more when 8 ranks of a node import at once). The job launcher (orchestrator/launcher)
 therefore keeps the next launch warm: once a launch trains, it starts a standby srun step with G
 tasks on every usable node of the allocation (the running launch's nodes and the spares, `--overlap`:
-they only wait). Each standby task imports the trainer, then waits for the launcher's go file:
-
-    {"version": 1, "launch": K, "nodes": [...], "tasks_per_node": G, "master_addr": ..., "master_port": ...}
-
-written only after the controller decided a relaunch. A task whose node is in `nodes` becomes rank
+they only wait). Each standby task imports the trainer, then waits for the launcher's go file
+(orchestrator.contract.allocation.StandbyGo), written only after the controller decided a relaunch. A task whose node is in `nodes` becomes rank
 index(node) x G + SLURM_LOCALID of launch K (the SLURM_* layout variables are rewritten to the
 launch's, so trainer.launch reads them as for any srun) and runs the trainer in this process; a
 task whose node is not (left out, or a spare not needed) exits 0 (the step runs with srun
 --wait=0, so an early exit does not end the others). The go file is read like any file of the run
-directory: the owner's, regular, bounded (orchestrator/allocation.py).
+directory: the owner's, regular, bounded.
 """
 
 from __future__ import annotations
@@ -23,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.allocation import NODE_NAME, ContractError, read_owned_json
+from orchestrator.contract import ContractError
+from orchestrator.contract.allocation import StandbyGo, read_standby_go
 
 POLL_SECONDS = 0.2
 # Imported by DeepSpeed's engine set-up on first use (its optimizer check, MoE and pipeline parts).
@@ -65,30 +63,28 @@ def warm_up() -> None:
 
 
 def ready_dir(go_file: Path) -> Path:
-    """Where each standby task says it is warm (one empty file per task)."""
+    """Where each standby task says it is warm (one empty file per task): RunPaths.standby_ready."""
     return go_file.with_name(go_file.name + ".ready")
 
 
-def layout(go: dict, node: str, local_rank: int) -> dict[str, str] | None:
-    """The SLURM layout variables of this task in launch `go["launch"]`; None when its node is
-    not one of the launch's."""
-    nodes, per_node = go.get("nodes"), go.get("tasks_per_node")
-    if not isinstance(nodes, list) or not all(isinstance(n, str) and NODE_NAME.fullmatch(n) for n in nodes):
-        raise ContractError(f"go file: nodes {str(nodes)[:80]!r} is not a list of node names")
-    if not isinstance(per_node, int) or isinstance(per_node, bool) or per_node < 1 or local_rank >= per_node:
-        raise ContractError(f"go file: tasks_per_node {per_node!r} does not fit local rank {local_rank}")
-    if node not in nodes:
+def layout(go: StandbyGo, node: str, local_rank: int) -> dict[str, str] | None:
+    """The SLURM layout variables of this task in launch `go.launch`; None when its node is not
+    one of the launch's."""
+    if local_rank >= go.tasks_per_node:
+        raise ContractError(f"go file: tasks_per_node {go.tasks_per_node} does not fit local rank {local_rank}")
+    if node not in go.nodes:
         return None
-    index = nodes.index(node)
+    index = go.nodes.index(node)
+    per_node = go.tasks_per_node
     return {
         "SLURM_PROCID": str(index * per_node + local_rank),
-        "SLURM_NTASKS": str(len(nodes) * per_node),
-        "SLURM_NPROCS": str(len(nodes) * per_node),
-        "SLURM_NNODES": str(len(nodes)),
+        "SLURM_NTASKS": str(len(go.nodes) * per_node),
+        "SLURM_NPROCS": str(len(go.nodes) * per_node),
+        "SLURM_NNODES": str(len(go.nodes)),
         "SLURM_NODEID": str(index),
-        "MASTER_ADDR": str(go.get("master_addr", "")),
-        "MASTER_PORT": str(int(go.get("master_port", 0))),
-        "RUNCTL_LAUNCH": str(int(go.get("launch", 0))),
+        "MASTER_ADDR": go.master_addr,
+        "MASTER_PORT": str(go.master_port),
+        "RUNCTL_LAUNCH": str(go.launch),
     }
 
 
@@ -105,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     (ready / f"{node}-{local_rank}").touch()  # the launcher counts these: the standby is warm
     while True:
         try:
-            go = read_owned_json(go_file)
+            go = read_standby_go(go_file)
         except ContractError as exc:
             print(f"[standby {node}/{local_rank}] refusing the go file: {exc}", file=sys.stderr, flush=True)
             return 1  # never train on a file someone else wrote: this launch fails, and is decided again
@@ -126,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from orchestrator.filemodes import owner_umask
+
+    with owner_umask():  # first: the trainer it then runs in this process writes under it too
+        code = main()
     # os._exit as in trainer.__main__: background threads must not turn the exit code into a hang.
-    code = main()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

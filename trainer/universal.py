@@ -38,11 +38,16 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint_format import UNIVERSAL_SUFFIX, hash_files_shared, list_files, write_manifest
+from trainer.checkpoint_format import (
+    UNIVERSAL_SUFFIX,
+    hash_files_shared,
+    list_files,
+    require_verified,
+    write_manifest,
+)
 
 
 def universal_client_state(cfg, layout) -> dict[str, Any]:
@@ -73,6 +78,8 @@ def _check_source(source: Path) -> None:
     import torch
     from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
 
+    # Everything below (and ds_to_universal after it) unpickles the source's files.
+    require_verified(source)
     model_files = sorted(source.glob("mp_rank_*_model_states.pt"))
     if not model_files:
         raise ValueError(f"{source} has no mp_rank_*_model_states.pt: not a DeepSpeed checkpoint")
@@ -114,7 +121,7 @@ def convert_to_universal(source: Path, output: Path | None = None, *, workers: i
 
 def _write_manifest(ckpt_dir: Path, source: Path) -> None:
     entries = hash_files_shared(ckpt_dir, list_files(ckpt_dir))
-    write_manifest(ckpt_dir, entries, {"universal_from": source.name, "converted_at": time.time()})
+    write_manifest(ckpt_dir, entries, {"universal_from": source.name})
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -134,7 +141,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _source_of(args: argparse.Namespace) -> Path:
     if args.checkpoint:
         return Path(args.checkpoint)
-    from orchestrator.protocol import RunPaths
+    from orchestrator.contract import RunPaths
 
     paths = RunPaths.of(args.run_dir)
     if paths.config.is_file():  # the checkpoints are where the run's config says

@@ -7,8 +7,8 @@ peak extra memory is O(b*h*chunk*sk) per step, linear in the sequence length for
 
 This is the CPU path for long sequences (the Triton kernel does the same with key blocks too).
 Semantics are those of `attention_reference` (fp32 math, relative ALiBi, end-aligned causal mask).
-FlexAttention was not used: on CPU it needs torch.compile (inductor C++ codegen), which takes
-minutes on a 2-core machine and is not available on every install.
+FlexAttention is no substitute on CPU: compiled it needs inductor's C++ build (minutes on a 2-core
+machine), and eagerly torch runs it unfused and forward only (it is a GPU candidate: flex.py).
 """
 
 from __future__ import annotations

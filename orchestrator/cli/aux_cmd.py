@@ -22,7 +22,13 @@ HELP = {
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     for kind, text in HELP.items():
-        cmd = subparsers.add_parser(kind, help=text)
+        cmd = subparsers.add_parser(
+            kind,
+            help=text,
+            description=f"{text[0].upper()}{text[1:]}: a SLURM job on the run's partition and account "
+            "(submitit), or on this host with --local. Waits for the end, records it in events.jsonl, and "
+            "exits 1 (naming the job's log) when the job failed.",
+        )
         cmd.add_argument("run_dir", help="run directory (its run.yaml gives partition, account, python, env)")
         if kind == "preprocess":
             cmd.add_argument(
@@ -97,10 +103,10 @@ def run_aux_command(args: argparse.Namespace) -> int:
         )
     except AuxJobFailed:
         if args.json:
-            from orchestrator.controller.state import read_events  # noqa: PLC0415
-            from orchestrator.protocol import RunPaths  # noqa: PLC0415
+            from orchestrator.contract import RunPaths  # noqa: PLC0415
+            from orchestrator.contract.events import read_events  # noqa: PLC0415
 
-            print(json.dumps(read_events(RunPaths.of(args.run_dir), last=1)[0], default=str))
+            print(json.dumps(read_events(RunPaths.of(args.run_dir).events, last=1)[0].to_dict(), default=str))
         raise
     if args.json:
         print(json.dumps(outcome.__dict__, default=str))

@@ -1,7 +1,7 @@
 """`runctl doctor RUN_DIR`: is the run supervised? For cron on any login node (docs/oncall.md).
 
-Exit 0 when the controller beats, a job is queued or running and the disk holds the next
-checkpoint; 1 (and a notification, once per new problem) otherwise. `--restart-controller`
+Exit 0 when the controller beats and its passes succeed, a job is queued or running and the disk
+holds the next checkpoint; 1 (and a notification, once per new problem) otherwise. `--restart-controller`
 starts `runctl watch RUN_DIR --detach` when the controller is missing or stale and the caller
 owns the run. The checks and why they are judged as they are: orchestrator/doctor.py.
 """
@@ -21,6 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     doctor = subparsers.add_parser(
         "doctor",
         help="for cron: is the controller alive, a job queued or running, the disk ok? (exit 1 if not)",
+        description="Check that the run is supervised: its controller runs (its pid is alive or it holds the "
+        "run's lock), its heartbeat moves and its passes do not keep failing, a job is queued or running "
+        "while the run should train, and "
+        "the checkpoint disk holds the next save. Exit 1 and a notification (once per new problem) when "
+        "not; --restart-controller starts a missing controller for the owner. Writes nothing in the run.",
     )
     doctor.add_argument("run_dir", help="run directory")
     doctor.add_argument(
@@ -46,8 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_doctor(args: argparse.Namespace) -> int:
     from orchestrator import doctor  # noqa: PLC0415
     from orchestrator.cli.watch_cmd import scheduler_for_run  # noqa: PLC0415
+    from orchestrator.contract import RunPaths  # noqa: PLC0415
     from orchestrator.notify import notify  # noqa: PLC0415
-    from orchestrator.protocol import RunPaths  # noqa: PLC0415
     from orchestrator.runs import load_run_config  # noqa: PLC0415
 
     paths = RunPaths.of(args.run_dir)

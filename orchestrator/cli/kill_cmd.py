@@ -1,4 +1,4 @@
-"""`runctl kill`, `runctl resume`, `runctl nodes`: the team's controls of a run.
+"""`runctl kill`, `runctl resume`, `runctl nodes --clear`: the team's controls of a run.
 
 Any configured operator may use them, not only the owner: they write requests into the
 group-writable control/ directory, and the controller (running as the owner) authenticates them by
@@ -17,7 +17,13 @@ from orchestrator.errors import EXIT_OK, UsageError
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     kill = subparsers.add_parser(
-        "kill", help="stop a run: the trainer saves a checkpoint and exits; no restart"
+        "kill",
+        help="stop a run: the trainer saves a checkpoint and exits; no restart",
+        description="Ask the run's controller to stop the run: the trainer saves a checkpoint and exits "
+        "(17), queued jobs of the chain are cancelled, nothing restarts until `runctl resume`. --now cancels "
+        "the job at once, without a checkpoint. Any operator of the run may (owner, operators.users, "
+        "operators.group); the controller checks who asked and records it in the audit trail. A run that "
+        "has already stopped (finished, killed, crash loop, config error) cannot be killed.",
     )
     kill.add_argument("run_dir", help="run directory")
     kill.add_argument("--reason", required=True, help="why (goes to the audit trail and notifications)")
@@ -25,13 +31,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kill.set_defaults(func=run_kill)
 
     resume = subparsers.add_parser(
-        "resume", help="undo a kill (or a crash-loop stop) and submit again from the last checkpoint"
+        "resume",
+        help="undo a kill (or a crash-loop stop) and submit again from the last checkpoint",
+        description="Withdraw a pending kill request and ask the controller to go on: after a kill, a crash "
+        "loop or a config error it submits the next job, which resumes from the newest good checkpoint. "
+        "The withdrawn kill is named in the resume's audit record. Without a running controller, the "
+        "owner's resume runs one supervision pass at once; anyone else's waits for the controller.",
     )
     resume.add_argument("run_dir", help="run directory")
     resume.add_argument("--reason", default="resume", help="why (goes to the audit trail)")
     resume.set_defaults(func=run_resume)
 
-    nodes = subparsers.add_parser("nodes", help="show or clear the run's excluded nodes")
+    nodes = subparsers.add_parser(
+        "nodes",
+        help="show or clear the run's excluded nodes",
+        description="List the nodes the controller excluded (why, when, by whom, when the probation "
+        "expires), or ask the controller to clear some or all of them once repaired: --clear/--all drop a "
+        "request in control/, which the controller authenticates (by the file's owner), records in the "
+        "audit trail and carries out at its next pass; queued jobs get the new exclude list.",
+    )
     nodes.add_argument("run_dir", help="run directory")
     which = nodes.add_mutually_exclusive_group()
     which.add_argument("--clear", action="append", metavar="NODE", help="take NODE off the list (repeatable)")
@@ -42,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(run_dir: str):
-    from orchestrator.protocol import RunPaths  # noqa: PLC0415
+    from orchestrator.contract import RunPaths  # noqa: PLC0415
     from orchestrator.runs import load_run_config  # noqa: PLC0415
 
     paths = RunPaths.of(run_dir)
@@ -66,8 +84,8 @@ def _run(run_dir: str):
 
 def _drop_request(paths, cfg, user, name: str, body: dict) -> None:
     """Write control/<name> as `user`; an operator the kernel does not let in gets the fix."""
+    from orchestrator.contract import atomic_write_json  # noqa: PLC0415
     from orchestrator.operators import cannot_write_control  # noqa: PLC0415
-    from orchestrator.protocol import atomic_write_json  # noqa: PLC0415
 
     try:
         atomic_write_json(paths.control_request(name), body, mode=0o660)
@@ -76,16 +94,16 @@ def _drop_request(paths, cfg, user, name: str, body: dict) -> None:
 
 
 def run_kill(args: argparse.Namespace) -> int:
+    from orchestrator.contract import KILL_REQUEST, RequestBody  # noqa: PLC0415
     from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
     from orchestrator.operators import require_operator  # noqa: PLC0415
-    from orchestrator.protocol import KILL_REQUEST  # noqa: PLC0415
 
     paths, cfg = _run(args.run_dir)
     if not args.reason.strip():
         raise UsageError("--reason must say why (it goes to the audit trail)")
     user = require_operator(paths, cfg.operators, "kill --now" if args.now else "kill")
-    request = {"reason": args.reason, "now": args.now, "time": time.time()}
-    _drop_request(paths, cfg, user, KILL_REQUEST, request)
+    _refuse_a_stopped_run(paths)
+    _drop_request(paths, cfg, user, KILL_REQUEST, RequestBody(reason=args.reason, now=args.now).to_dict())
     holder = lock_holder(paths.root)
     if holder is None:
         print(
@@ -108,6 +126,56 @@ def run_kill(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _refuse_a_stopped_run(paths) -> None:
+    """A kill of a run that has stopped would sit in control/ and stop the run's next resume: refused."""
+    from orchestrator.contract.state import load_state  # noqa: PLC0415
+
+    status = load_state(paths).status
+    if status.stopped:
+        after = {
+            "finished": "it trained all its samples",
+            "killed": "it was killed already",
+            "crash_loop": "the controller stopped it after repeated failures",
+            "config_error": "the trainer refused its config",
+            "paused_for_health": "the controller paused it for training health (`runctl health`)",
+        }[status.value]
+        raise UsageError(
+            f"the run has already stopped ({status.value}: {after}); no job of it runs and nothing restarts "
+            f"it, so there is nothing to kill. `runctl status {paths.root}` shows its jobs"
+            + ("" if status.value == "finished" else f"; `runctl resume {paths.root}` starts it again")
+        )
+
+
+def _withdraw_kill(paths, cfg, user) -> str:
+    """Remove a pending control/kill; returns what it said, for the resume's reason (so that the
+    audit trail keeps it), or "" when there was none. The file is another user's: read bounded,
+    without following links."""
+    from orchestrator.contract import KILL_REQUEST, RequestBody, UntrustedFileError  # noqa: PLC0415
+    from orchestrator.contract.files import loads_bounded, read_untrusted  # noqa: PLC0415
+    from orchestrator.contract.requests import MAX_REQUEST_BYTES  # noqa: PLC0415
+    from orchestrator.operators import User, cannot_write_control  # noqa: PLC0415
+    from orchestrator.textsafe import cap, for_terminal  # noqa: PLC0415
+
+    path = paths.control_request(KILL_REQUEST)
+    try:
+        data, info = read_untrusted(path, MAX_REQUEST_BYTES)
+    except FileNotFoundError:
+        return ""
+    except UntrustedFileError as exc:
+        said, who = f"unreadable: {exc.reason}", "?"
+    else:
+        try:
+            body = RequestBody.parse(loads_bounded(data))
+        except ValueError:  # `touch control/kill`: a request with no reason
+            body = RequestBody()
+        said, who = f"reason: {cap(for_terminal(body.reason), 200)}", User.of_uid(info.st_uid).name
+    try:
+        path.unlink(missing_ok=True)
+    except PermissionError as exc:
+        raise cannot_write_control(paths, cfg.operators, user, exc) from None
+    return f"withdrew the pending kill request of {who} ({said})"
+
+
 def _owner(paths) -> str:
     from orchestrator.operators import run_owner  # noqa: PLC0415
 
@@ -115,18 +183,18 @@ def _owner(paths) -> str:
 
 
 def run_resume(args: argparse.Namespace) -> int:
-    from orchestrator.cli.watch_cmd import make_controller  # noqa: PLC0415
+    from orchestrator.cli.watch_cmd import one_pass_now  # noqa: PLC0415
+    from orchestrator.contract import RESUME_REQUEST, RequestBody  # noqa: PLC0415
     from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
-    from orchestrator.operators import User, cannot_write_control, require_operator, run_owner  # noqa: PLC0415
-    from orchestrator.protocol import KILL_REQUEST, RESUME_REQUEST  # noqa: PLC0415
+    from orchestrator.operators import User, require_operator, run_owner  # noqa: PLC0415
 
     paths, cfg = _run(args.run_dir)
     user = require_operator(paths, cfg.operators, "resume")
-    try:
-        paths.control_request(KILL_REQUEST).unlink(missing_ok=True)
-    except PermissionError as exc:
-        raise cannot_write_control(paths, cfg.operators, user, exc) from None
-    _drop_request(paths, cfg, user, RESUME_REQUEST, {"reason": args.reason, "time": time.time()})
+    withdrawn = _withdraw_kill(paths, cfg, user)
+    reason = f"{args.reason}; {withdrawn}" if withdrawn else args.reason
+    _drop_request(paths, cfg, user, RESUME_REQUEST, RequestBody(reason=reason).to_dict())
+    if withdrawn:
+        print(f"{withdrawn}: recorded with the resume in the audit trail")
     holder = lock_holder(paths.root)
     if holder is not None:
         print(f"resume requested; the controller (pid {holder.get('pid')}) submits the next job.")
@@ -137,12 +205,7 @@ def run_resume(args: argparse.Namespace) -> int:
             f"({run_owner(paths)}) starts `runctl watch {paths.root}`."
         )
         return EXIT_OK
-    controller = make_controller(paths.root)
-    controller.start()
-    try:
-        result = controller.tick()
-    finally:
-        controller.stop()
+    result = one_pass_now(paths.root)
     print(
         f"resumed: {'; '.join(result.actions) or 'nothing to do (the run was not stopped)'}. "
         f"Start `runctl watch {paths.root} --detach` to supervise it."
@@ -151,42 +214,70 @@ def run_resume(args: argparse.Namespace) -> int:
 
 
 def run_nodes(args: argparse.Namespace) -> int:
-    from orchestrator.controller.exclude import clear_excluded, read_excluded  # noqa: PLC0415
-    from orchestrator.operators import audit, require_operator  # noqa: PLC0415
+    from orchestrator.controller.exclude import read_excluded, read_exclusions  # noqa: PLC0415
     from orchestrator.textsafe import for_terminal  # noqa: PLC0415
 
     paths, cfg = _run(args.run_dir)
     if args.clear or args.all:
-        targets = None if args.all else list(args.clear)
-        user = require_operator(paths, cfg.operators, "nodes --clear")
-        try:
-            removed = clear_excluded(paths, targets)
-        except PermissionError as exc:
-            from orchestrator.operators import cannot_write_control  # noqa: PLC0415
-
-            raise cannot_write_control(paths, cfg.operators, user, exc) from None
-        # The owner's own change is audited here; anyone else's by the controller, which sees
-        # who rewrote the exclude list (orchestrator/controller/requests.py).
-        audit(
-            paths, user, "nodes --clear", args.reason, allowed=True, nodes=targets or "all", removed=removed
-        )
-        missing = sorted(set(targets or []) - set(removed))
-        print(
-            f"cleared: {', '.join(removed) or 'nothing'}"
-            + (f" (not on the list: {', '.join(missing)})" if missing else "")
-        )
-        print("queued jobs keep their exclude list; the next submission or restart uses the new one.")
-        return EXIT_OK
+        return _request_clear(paths, cfg, args)
     excluded = read_excluded(paths)
     if args.json:
         print(json.dumps(excluded, indent=2, sort_keys=True))
     elif not excluded:
         print("no excluded nodes")
     else:
-        for node, info in sorted(excluded.items()):
-            since = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.get("since", 0)))
-            print(
-                f"{for_terminal(node)}  since {since}  by {for_terminal(info.get('by'))}  "
-                f"({for_terminal(info.get('reason'))})"
+        now = time.time()
+        for node, entry in sorted(read_exclusions(paths).items()):
+            since = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.since or 0))
+            left = entry.expires_in(now)
+            expiry = (
+                "until cleared"
+                if left is None
+                else f"expires in {_duration(left)}"
+                if left > 0
+                else "expired"
             )
+            print(
+                f"{for_terminal(node)}  since {since}  {expiry}  by {for_terminal(entry.by)}  "
+                f"({for_terminal(entry.reason)})"
+            )
+    return EXIT_OK
+
+
+def _duration(seconds: float) -> str:
+    hours, minutes = divmod(int(seconds) // 60, 60)
+    return f"{hours // 24}d {hours % 24}h" if hours >= 24 else f"{hours}h {minutes:02d}m"
+
+
+def _request_clear(paths, cfg, args: argparse.Namespace) -> int:
+    """Drop control/nodes-clear: the controller checks who asked, audits it and clears the nodes
+    (only the owner's processes write the exclude list)."""
+    from orchestrator.contract import NODES_CLEAR_REQUEST, RequestBody  # noqa: PLC0415
+    from orchestrator.contract.requests import bad_node_names  # noqa: PLC0415
+    from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
+    from orchestrator.operators import require_operator  # noqa: PLC0415
+
+    nodes = [] if args.all else list(args.clear)
+    bad = bad_node_names(nodes)
+    if bad:
+        raise UsageError(
+            f"--clear {bad[0]!r} is not a SLURM node name (letters, digits, '-' and '_'; one node each)"
+        )
+    if not args.reason.strip():
+        raise UsageError("--reason must say why (it goes to the audit trail)")
+    user = require_operator(paths, cfg.operators, "nodes --clear")
+    body = RequestBody(reason=args.reason, nodes=tuple(nodes), all_nodes=args.all)
+    _drop_request(paths, cfg, user, NODES_CLEAR_REQUEST, body.to_dict())
+    what = "every node" if args.all else ", ".join(nodes)
+    holder = lock_holder(paths.root)
+    if holder is None:
+        print(
+            f"clearing {what} requested by {user.name}; no controller is running: the owner's next "
+            f"`runctl watch {paths.root}` checks the request, records it and clears the nodes."
+        )
+    else:
+        print(
+            f"clearing {what} requested by {user.name}; the controller (pid {holder.get('pid')}) checks it "
+            "at its next pass, records it and gives queued jobs the new exclude list."
+        )
     return EXIT_OK

@@ -10,37 +10,56 @@ import argparse
 import importlib
 import sys
 
-from orchestrator.errors import EXIT_USAGE, RunctlError
+from orchestrator import __version__
+from orchestrator.errors import EXIT_INTERRUPTED, EXIT_USAGE, RunctlError
+from orchestrator.filemodes import owner_umask
 
 # Modules under orchestrator.cli that add subcommands, in --help order.
 COMMAND_MODULES = [
     "plan_cmd",
     "submit_cmd",
+    "status_cmd",
+    "ls_cmd",
+    "logs_cmd",
     "cluster_cmd",
     "watch_cmd",
+    "events_cmd",
     "kill_cmd",
+    "health_cmd",
     "report_cmd",
     "doctor_cmd",
     "metrics_cmd",
     "aux_cmd",
+    "completion_cmd",
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from orchestrator.cli import manual
+
     parser = argparse.ArgumentParser(
         prog="runctl",
-        description="Plan, submit, watch, kill and resume BLOOM-scale training runs on SLURM.",
+        description="Plan, submit, watch, kill and resume BLOOM-scale training runs on SLURM. "
+        "`runctl COMMAND --help` shows each command's examples and exit codes.",
     )
+    parser.add_argument("--version", action="version", version=f"runctl {__version__} (bloomctl)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(f"orchestrator.cli.{name}").register(subparsers)
+    manual.attach(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.parser = parser  # `runctl completion` generates from the whole parser
+    with owner_umask():  # before anything is created (docs/security.md, "Modes")
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except RunctlError as exc:
@@ -48,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
     except ValueError as exc:  # e.g. a ConfigError from the library

@@ -1,43 +1,62 @@
 """`runctl metrics RUN_DIR --listen ADDR | --textfile PATH`: the run's Prometheus metrics.
 
---listen HOST:PORT serves /metrics until stopped (each scrape reads the run directory);
---textfile PATH writes them once, atomically, for node-exporter's textfile collector (run it from
-cron or a systemd timer). What is exported: orchestrator/prom.py.
+--listen [HOST]:PORT serves /metrics until stopped (each scrape reads the run directory), on
+127.0.0.1 unless HOST says otherwise: the endpoint has no authentication, and a run's metrics are
+the team's business (docs/security.md). --textfile PATH writes them once, atomically, mode 0644,
+for node-exporter's textfile collector (run it from cron or a systemd timer). What is exported:
+orchestrator/prom.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from orchestrator.errors import EXIT_OK, UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    metrics = subparsers.add_parser("metrics", help="Prometheus metrics of a run (HTTP endpoint or textfile)")
+    metrics = subparsers.add_parser(
+        "metrics",
+        help="Prometheus metrics of a run (HTTP endpoint or textfile)",
+        description="Export the run's metrics for Prometheus, read from the run directory at every scrape: "
+        "training (step, loss, tokens/s), heartbeats, the controller's passes and lock, jobs, restarts, "
+        "excluded nodes, stragglers, goodput and disk. deploy/grafana/ has a dashboard and "
+        "deploy/prometheus/ alert rules for them.",
+    )
     metrics.add_argument("run_dir", help="run directory")
     where = metrics.add_mutually_exclusive_group(required=True)
-    where.add_argument("--listen", metavar="HOST:PORT", help="serve /metrics here, e.g. 127.0.0.1:9464")
+    where.add_argument(
+        "--listen",
+        metavar="[HOST]:PORT",
+        help="serve /metrics (no authentication) on PORT of 127.0.0.1: ':9464' or '9464'; give HOST to "
+        "listen elsewhere, e.g. 0.0.0.0:9464 for every interface",
+    )
     where.add_argument(
         "--textfile", metavar="PATH", help="write the metrics to PATH (ends in .prom) and exit"
     )
     metrics.set_defaults(func=run_metrics)
 
 
+LOCALHOST = "127.0.0.1"
+
+
 def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+    """(host, port) of [HOST]:PORT; no host means 127.0.0.1, never every interface."""
+    host, _, port = text.rpartition(":")
+    if not port.isdigit() or not 0 <= int(port) < 65536:
         raise UsageError(
-            f"--listen {text!r}: give HOST:PORT, e.g. 127.0.0.1:9464 (0.0.0.0:9464 for every interface)"
+            f"--listen {text!r}: give [HOST]:PORT, e.g. :9464 (127.0.0.1), or 0.0.0.0:9464 for every interface"
         )
-    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - the operator chose to listen everywhere
+    return host.strip("[]") or LOCALHOST, int(port)
 
 
 def run_metrics(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server, write_to_textfile  # noqa: PLC0415
 
+    from orchestrator.contract import RunPaths  # noqa: PLC0415
     from orchestrator.prom import run_registry  # noqa: PLC0415
-    from orchestrator.protocol import RunPaths  # noqa: PLC0415
 
     paths = RunPaths.of(args.run_dir)
     if not paths.config.exists():
@@ -47,6 +66,7 @@ def run_metrics(args: argparse.Namespace) -> int:
         if not args.textfile.endswith(".prom"):
             raise UsageError(f"--textfile {args.textfile}: node-exporter reads only files ending in .prom")
         write_to_textfile(args.textfile, registry)
+        os.chmod(args.textfile, 0o644)  # node-exporter runs as its own user; the owner's umask is 027
         return EXIT_OK
     host, port = parse_listen(args.listen)
     try:

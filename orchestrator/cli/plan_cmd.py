@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from orchestrator.config import load_config
 from orchestrator.errors import EXIT_DOES_NOT_FIT, EXIT_OK, UsageError
@@ -15,8 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="check that a config fits and estimate memory, time, GPU-hours and checkpoint interval",
         description="Plan a run: parameters, memory per GPU per pipeline stage, FLOPs and time per "
         "iteration, GPU-hours (spare nodes included), pipeline bubble, failures and spares per job, and "
-        "the goodput-optimal checkpoint interval. "
-        "Exits 3 when the config does not fit.",
+        "the goodput-optimal checkpoint interval; and the time budget: a job's time limit against init, "
+        "saves and the pre-timeout margin, every phase against its timeout. Exits 3 when the config does "
+        "not fit. The flags replace the config's values (checked as the config's are: positive, finite).",
     )
     parser.add_argument("config", help="run config YAML (see configs/)")
     parser.add_argument("--json", action="store_true", help="print one flat JSON object")
@@ -71,13 +73,28 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# flag -> (attribute, smallest allowed, is the bound allowed, what to give)
+OVERRIDES = {
+    "--tflops": ("tflops", 0.0, False, "achieved TFLOPs per GPU > 0 (BLOOM measured ~150 on A100)"),
+    "--train-tokens": ("train_tokens", 0.0, False, "tokens > 0, e.g. 350e9"),
+    "--gpu-mtbf-hours": ("gpu_mtbf_hours", 0.0, False, "hours > 0 between failures of one GPU"),
+    "--save-seconds": ("save_seconds", 0.0, False, "seconds > 0 for one checkpoint save"),
+    "--spare-nodes": ("spare_nodes", 0, True, "0 or more spare nodes"),
+    "--in-allocation-restart-minutes": ("in_allocation_restart_minutes", 0.0, False, "minutes > 0"),
+    "--async-stall-fraction": ("async_stall_fraction", 0.0, False, "a fraction in (0, 1]"),
+}
+
+
 def _check_overrides(args: argparse.Namespace) -> None:
-    """The model's ranges, as the config's schema has them (a negative spare count would plan fewer nodes)."""
-    if args.spare_nodes is not None and args.spare_nodes < 0:
-        raise UsageError(f"--spare-nodes {args.spare_nodes}: give 0 or more spare nodes")
-    if args.in_allocation_restart_minutes is not None and args.in_allocation_restart_minutes <= 0:
-        raise UsageError(
-            f"--in-allocation-restart-minutes {args.in_allocation_restart_minutes}: give minutes > 0"
-        )
-    if args.async_stall_fraction is not None and not 0 < args.async_stall_fraction <= 1:
+    """Each flag as the config's schema checks the value it replaces: a zero, a negative, NaN or
+    infinity is refused with the flag named (never silently replaced by the config's value)."""
+    for flag, (attr, lowest, inclusive, allowed) in OVERRIDES.items():
+        value = getattr(args, attr)
+        if value is None:
+            continue
+        finite = math.isfinite(value)
+        in_range = value >= lowest if inclusive else value > lowest
+        if not finite or not in_range:
+            raise UsageError(f"{flag} {value}: give {allowed}")
+    if args.async_stall_fraction is not None and args.async_stall_fraction > 1:
         raise UsageError(f"--async-stall-fraction {args.async_stall_fraction}: give a fraction in (0, 1]")

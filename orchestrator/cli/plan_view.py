@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -131,6 +132,11 @@ def print_plan(name: str, plan: Plan, console: Console | None = None) -> None:
             f"{plan.optimal_checkpoint_interval_hours:.2f} h: goodput {_goodputs(plan, plan.optimal_goodput, plan.optimal_goodput_allocated)}",
         ),
         (
+            "evals and time limits",
+            f"{plan.eval_fraction:.2%} of wall time in evals; {plan.turnover_fraction:.2%} in jobs that end at "
+            f"their {plan.job_hours:g} h limit (final save + the next job's start)",
+        ),
+        (
             "work lost per failure",
             f"{plan.expected_work_lost_per_failure_hours:.2f} h on average (half an interval + restart)",
         ),
@@ -153,21 +159,28 @@ def print_plan(name: str, plan: Plan, console: Console | None = None) -> None:
         "achieve; of the allocated GPUs: the same x nodes / (nodes + spares), idle spares are billed."
     )
 
-    stages = Table(title="memory per GPU by pipeline stage (GiB)")
-    for column in (
+    # Two-line headers and one space between columns: the eleven columns fit 80 (a one-line
+    # header would be cut to "sta…" there).
+    stages = Table(
+        title="memory per GPU by pipeline stage (GiB)",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0),  # the box's space between columns is the only gap
+        show_edge=False,
+    )
+    for header in (
         "stage",
         "layers",
         "emb",
-        "params/GPU",
-        "bf16 w",
-        "bf16 g",
-        "fp32 acc",
-        "optim/dp",
+        "params\nper GPU",
+        "weights\nbf16",
+        "grads\nbf16",
+        "grad acc\nfp32",
+        "optim\n/ dp",
         "act",
-        "act no-recompute",
+        "act, no\nrecompute",
         "total",
     ):
-        stages.add_column(column, justify="right")
+        stages.add_column(header, justify="right", no_wrap=True)
     for s in plan.stages:
         over = s.total_gib > plan.gpu_memory_gib
         stages.add_row(

@@ -1,5 +1,5 @@
 """`runctl watch RUN_DIR`: run the controller of one run (foreground live view, `--detach` daemon,
-`--once` one pass), and `runctl events RUN_DIR`: read what it saw and did.
+`--once` one pass). What it saw and did: `runctl events RUN_DIR` (events_cmd.py).
 
 Why a daemon on the login node and not a SLURM job: the controller exists to notice when SLURM
 jobs die or hang; a controller that is itself a SLURM job would need its own controller (and
@@ -25,7 +25,12 @@ LOG_FILE = "controller.log"
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     watch = subparsers.add_parser(
-        "watch", help="supervise a run: detect dead/hung ranks, restart, obey the kill switch"
+        "watch",
+        help="supervise a run: detect dead/hung ranks, restart, obey the kill switch",
+        description="Run the controller of a run (only its owner may): it watches every rank's heartbeat "
+        "and the jobs, restarts from the last good checkpoint after a failure or a hang, excludes bad "
+        "nodes, carries out operators' kill and resume requests, and keeps the job chain going. In the "
+        "foreground with a live view, or --detach as a daemon (pid and log in the run directory).",
     )
     watch.add_argument("run_dir", help="run directory (made by `runctl submit`)")
     mode = watch.add_mutually_exclusive_group()
@@ -40,25 +45,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     watch.add_argument("--json", action="store_true", help="with --once: print the pass result as JSON")
     watch.set_defaults(func=run_watch)
 
-    events = subparsers.add_parser(
-        "events", help="what the controller saw and did (events.jsonl), or the audit trail"
-    )
-    events.add_argument("run_dir", help="run directory")
-    events.add_argument(
-        "--last", type=int, default=20, metavar="N", help="the last N lines (default 20; 0: all)"
-    )
-    events.add_argument("--audit", action="store_true", help="show audit.jsonl (operator actions) instead")
-    events.add_argument("--json", action="store_true", help="one JSON object a line")
-    events.set_defaults(func=run_events)
-
 
 def scheduler_for_run(run_dir: Path):
     """The backend the run was submitted with (from the submission ledger), else the default."""
-    from orchestrator.protocol import RunPaths, read_jsonl  # noqa: PLC0415
+    from orchestrator.contract import RunPaths  # noqa: PLC0415
+    from orchestrator.contract.ledger import read_submissions  # noqa: PLC0415
     from orchestrator.slurm import BACKENDS, get_scheduler  # noqa: PLC0415
 
-    ledger = read_jsonl(RunPaths.of(run_dir).submissions)
-    name = ledger[-1].get("scheduler") if ledger else None
+    ledger = read_submissions(RunPaths.of(run_dir).submissions)
+    name = ledger[-1].scheduler if ledger else None
     if os.environ.get("RUNCTL_SCHEDULER") or name not in BACKENDS:
         name = None
     return get_scheduler(name)
@@ -72,14 +67,25 @@ def make_controller(run_dir: Path, scheduler=None):
     return Controller(run_dir, cfg, scheduler or scheduler_for_run(run_dir))
 
 
+def one_pass_now(run_dir: Path):
+    """The owner asked for something (resume, rollback) and no controller runs: one pass now, so
+    the request is carried out at once; its PassResult."""
+    controller = make_controller(run_dir)
+    controller.start()
+    try:
+        return controller.tick()
+    finally:
+        controller.stop()
+
+
 def refuse_non_owner(run_dir: Path) -> None:
     """Only the run's owner runs its controller: it submits jobs (they would run as whoever runs
     it) and is the only writer of state, events and the audit trail (docs/security.md)."""
     owner_uid = run_dir.stat().st_uid
     if os.geteuid() == owner_uid:
         return
+    from orchestrator.contract import RunPaths  # noqa: PLC0415
     from orchestrator.operators import User, run_owner  # noqa: PLC0415
-    from orchestrator.protocol import RunPaths  # noqa: PLC0415
 
     raise PermissionDeniedError(
         f"only the owner of {run_dir} ({run_owner(RunPaths.of(run_dir))}) may run its controller; you are "
@@ -129,41 +135,52 @@ def run_watch(args: argparse.Namespace) -> int:
 
 
 def _plain_logger(run_dir: Path):
-    from orchestrator.protocol import RunPaths  # noqa: PLC0415
+    from orchestrator.contract import RunPaths  # noqa: PLC0415
+    from orchestrator.contract.events import read_events  # noqa: PLC0415
+    from orchestrator.event_text import clock, sentence  # noqa: PLC0415
 
-    seen = {
-        "n": len(RunPaths.of(run_dir).events.read_text().splitlines())
-        if RunPaths.of(run_dir).events.exists()
-        else 0
-    }
+    seen = {"n": len(read_events(RunPaths.of(run_dir).events))}
 
     def on_pass(result) -> None:
-        from orchestrator.controller import read_events  # noqa: PLC0415
-
-        events = read_events(RunPaths.of(run_dir))
+        events = read_events(RunPaths.of(run_dir).events)
         for event in events[seen["n"] :]:
-            detail = {k: v for k, v in event.items() if k not in ("time", "event")}
-            print(f"[watch] {event['event']}: {json.dumps(detail, default=str)[:200]}", flush=True)
-        seen["n"] = len(events)
+            try:
+                print(f"[watch] {clock(event.time)} {sentence(event)}", flush=True)
+            except OSError as exc:  # stdout on a full disk: these lines again next pass
+                _say_on_stderr(f"[watch] cannot write to stdout ({exc}); retrying next pass")
+                return
+            seen["n"] += 1
 
     return on_pass
+
+
+def _say_on_stderr(line: str) -> None:
+    """Best effort: stderr may sit on the same full disk."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+def _screen(run_dir: Path):
+    """The `runctl status` screen, from the controller's own records (it asks SLURM every pass)."""
+    from orchestrator.dashboard import status_data  # noqa: PLC0415
+    from orchestrator.status_screen import render_status  # noqa: PLC0415
+
+    return render_status(status_data(run_dir))
 
 
 def _live(controller, run_dir: Path, stay: bool) -> str:
     from rich.live import Live  # noqa: PLC0415
 
-    from orchestrator.dashboard import render_dashboard  # noqa: PLC0415
-
-    with Live(render_dashboard(run_dir), refresh_per_second=2, screen=False) as live:
-        return controller.run(on_pass=lambda _r: live.update(render_dashboard(run_dir)), stay=stay)
+    with Live(_screen(run_dir), auto_refresh=False) as live:
+        return controller.run(on_pass=lambda _r: live.update(_screen(run_dir), refresh=True), stay=stay)
 
 
 def _print_dashboard(run_dir: Path) -> None:
     from rich.console import Console  # noqa: PLC0415
 
-    from orchestrator.dashboard import render_dashboard  # noqa: PLC0415
-
-    Console().print(render_dashboard(run_dir))
+    Console().print(_screen(run_dir))
 
 
 def detach(run_dir: Path, stay: bool = False) -> int:
@@ -223,45 +240,3 @@ def detach(run_dir: Path, stay: bool = False) -> int:
     finally:
         (run_dir / PID_FILE).unlink(missing_ok=True)
         os._exit(code)
-
-
-def run_events(args: argparse.Namespace) -> int:
-    from orchestrator.protocol import RunPaths, read_jsonl  # noqa: PLC0415
-
-    paths = RunPaths.of(args.run_dir)
-    if not paths.config.exists():
-        raise UsageError(f"{paths.root} is not a run directory (no run.yaml)")
-    from orchestrator.textsafe import for_terminal  # noqa: PLC0415
-
-    records = [r for r in read_jsonl(paths.audit if args.audit else paths.events) if isinstance(r, dict)]
-    if args.last:
-        records = records[-args.last :]
-    import time  # noqa: PLC0415
-
-    for record in records:
-        if args.json:
-            print(json.dumps(record, sort_keys=True))
-            continue
-        try:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("time", 0)))
-        except (TypeError, ValueError, OverflowError, OSError):
-            stamp = "????-??-?? ??:??:??"
-        if args.audit:
-            verdict = "allowed" if record.get("allowed") is True else "REFUSED"
-            user, action, reason = (for_terminal(record.get(k)) for k in ("user", "action", "reason"))
-            print(f"{stamp}  {user}  {action}  {verdict}  reason: {reason}")
-        else:
-            detail = {k: v for k, v in record.items() if k not in ("time", "event")}
-            print(f"{stamp}  {for_terminal(record.get('event'))}  {json.dumps(detail, default=str)}")
-            if record.get("event") == "stacks_dumped":
-                _print_stack_files(record, for_terminal)
-    return EXIT_OK
-
-
-def _print_stack_files(record: dict, for_terminal) -> None:
-    """Where a hang's evidence is: the Python stacks, and on GPUs the NCCL flight recorder."""
-    folder = for_terminal(record.get("directory"))
-    recorder = [for_terminal(n) for n in record.get("flight_recorder") or []]
-    print(f"    python stacks: {folder}/ ({len(record.get('files') or [])} file(s))")
-    if recorder:
-        print(f"    NCCL flight recorder ({len(recorder)} rank dump(s)): {folder}/{recorder[0]} ...")

@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract import atomic_write_json, atomic_write_text, read_json
 from orchestrator.errors import RunctlError
-from orchestrator.protocol import atomic_write_json, atomic_write_text, read_json
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 SBIN_DIRS = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]

@@ -44,6 +44,10 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
+# One word of a command line (no control characters: no newline can end it early).
+ArgvItem = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
 class ClusterConfig(Section):
     nodes: PositiveInt
     gpus_per_node: PositiveInt
@@ -75,6 +79,12 @@ class ClusterConfig(Section):
     # same job (a new srun step, no queue wait) while spares last (BLOOM kept 4 beside its 48).
     # 0: every failure is a job-level restart through the queue.
     spare_nodes: Annotated[int, Field(ge=0, le=64)] = 0
+    # The site's set-up, run by the job script before the launcher: one command per item, each an
+    # argv list whose words are shell-quoted (e.g. [["module", "load", "cuda/12.4"],
+    # ["source", "/opt/venvs/bloom/bin/activate"]]). Never a shell line: a config value is a word.
+    setup: Annotated[
+        list[Annotated[list[ArgvItem], Field(min_length=1, max_length=64)]], Field(max_length=32)
+    ] = []
 
     @field_validator("env")
     @classmethod
@@ -219,6 +229,11 @@ class CheckpointConfig(Section):
     # and Young/Daly interval. 0.1: bench/async_checkpoint.py measured 0.094 (a 382 MB model) and
     # 0.13 (2 MB) on CPU (bench/results/async_checkpoint.json); replace it with your cluster's.
     async_stall_fraction: Annotated[float, Field(gt=0, le=1)] = 0.1
+    # At each save, the loss and logits digest of a fixed probe batch computed by the model being
+    # saved go into the checkpoint; after a load they must be computed again (trainer/probe.py), or
+    # the checkpoint is damaged and the one before is used. Costs one forward micro-batch per save
+    # and per load.
+    verify_probe: bool = True
 
     @model_validator(mode="after")
     def _some_cadence(self) -> CheckpointConfig:
@@ -229,18 +244,42 @@ class CheckpointConfig(Section):
         return self
 
 
+class ProgressFloors(Section):
+    """Per phase, the least time without a progress mark (contract.Mark) that counts as a hang,
+    whatever the learned gaps (controller/timeouts.py). Exiting saves a final checkpoint: it uses
+    `checkpoint`."""
+
+    init: TimeoutSeconds = 120.0
+    step: TimeoutSeconds = 120.0
+    checkpoint: TimeoutSeconds = 120.0
+    eval: TimeoutSeconds = 120.0
+
+
 class WatchdogConfig(Section):
     heartbeat_seconds: Seconds = 10.0
     poll_seconds: Seconds = 5.0
     # A rank whose beat is older than this is dead (crash, lost node).
     dead_after_seconds: TimeoutSeconds = 60.0
-    # Floors of the per-phase no-progress timeouts; learned timeouts never go below them.
+    # A storage stall freezes a node's writes (its heartbeat file too) for minutes while the node is
+    # fine: up to this long, silence is not death when it cannot be a lost node: every node of the
+    # job silent at once (the filesystem; were the nodes lost, SLURM would end the job NODE_FAIL),
+    # or one node silent while its peers still progress (ranks of a lost node hold up the next
+    # collective within seconds). 0: no such tolerance (dead_after_seconds always decides).
+    stall_tolerance_seconds: Annotated[float, Field(ge=0.0, le=86400.0)] = 900.0
+    # Per phase, the hang limit while no rank of the job has reported a gap between two progress
+    # marks for that phase (the start of a launch; a trainer that does not mark progress).
     init_timeout_seconds: TimeoutSeconds = 1800.0
     step_timeout_seconds: TimeoutSeconds = 600.0
     checkpoint_timeout_seconds: TimeoutSeconds = 3600.0
     eval_timeout_seconds: TimeoutSeconds = 1800.0
-    # Learned timeout = factor x the longest observed duration of that phase.
-    timeout_factor: Annotated[float, Field(ge=1.0)] = 5.0
+    # Once marks are reported: a rank hangs when it has made no mark for
+    # min(progress_cap_seconds, max(progress_floor_seconds[phase], progress_factor x the longest
+    # gap between two marks any rank of the launch reported for that phase)). The cap must be above
+    # the longest honest stretch without a mark (the rendezvous before a load): ranks still in it
+    # when the first ones report it would otherwise look hung.
+    progress_floor_seconds: ProgressFloors = ProgressFloors()
+    progress_factor: Annotated[float, Field(ge=1.0, le=100.0)] = 3.0
+    progress_cap_seconds: TimeoutSeconds = 900.0
     max_restarts_without_progress: PositiveInt = 3
     # One incident (one failure detection) excludes at most this many nodes: when more look bad at
     # once, the job, the filesystem or the network is suspected, not N nodes.
@@ -265,9 +304,51 @@ class WatchdogConfig(Section):
     # (poll_seconds each, squeue timing out) but not a dead controller: idle GPUs cost more.
     relaunch_decision_seconds: TimeoutSeconds = 120.0
 
+    @model_validator(mode="after")
+    def _cap_over_floors(self) -> WatchdogConfig:
+        floors = self.progress_floor_seconds
+        low = {name: getattr(floors, name) for name in ProgressFloors.model_fields}
+        over = {name: value for name, value in low.items() if value > self.progress_cap_seconds}
+        if over:
+            name, value = next(iter(over.items()))
+            raise ValueError(
+                f"watchdog.progress_floor_seconds.{name} = {value:g} is above progress_cap_seconds = "
+                f"{self.progress_cap_seconds:g}: a learned hang limit would be both at least the floor and at "
+                f"most the cap. Raise progress_cap_seconds to at least {max(over.values()):g} or lower the floor"
+            )
+        # A rank's marks reach the controller once a beat, seen at the next pass: a limit under
+        # two of those would call a working rank hung.
+        least = 2 * (self.heartbeat_seconds + self.poll_seconds)
+        name, value = min(low.items(), key=lambda item: item[1])
+        if value < least:
+            raise ValueError(
+                f"watchdog.progress_floor_seconds.{name} = {value:g} is under 2 x (heartbeat_seconds + poll_seconds) = "
+                f"{least:g}: progress is seen once a beat, so a working rank would look hung. Set it to at "
+                f"least {least:g}"
+            )
+        return self
+
+
+class ExclusionsConfig(Section):
+    """How excluded nodes heal and what a pool too small for the job does (docs/oncall.md)."""
+
+    # An exclusion is a probation: the node comes back by itself after this many hours (or at
+    # `runctl nodes --clear`): long enough for an admin to look at it over a weekend, short enough
+    # that a wrong exclusion heals by itself.
+    probation_hours: Annotated[float, Field(gt=0, le=24 * 365)] = 72.0
+    # A node whose beats stopped for at least stall_seconds and came back while its job lived
+    # stalled (storage, swap): recorded, and excluded only at the stall_limit-th stall within
+    # stall_window_hours. stall_seconds None: 3 x watchdog.heartbeat_seconds.
+    stall_seconds: TimeoutSeconds | None = None
+    stall_limit: PositiveInt = 3
+    stall_window_hours: PositiveFloat = 24.0
+    # When exclusions, down, drained and reserved nodes leave fewer than the job needs (nodes +
+    # spare_nodes): always a critical event and notification; `wait` keeps every probation (the
+    # job pends until nodes return), `release_oldest` releases the oldest probations until it fits.
+    on_pool_short: Literal["wait", "release_oldest"] = "wait"
+
 
 # One argv item of health_check.command: printable, one line (it is never given to a shell).
-ArgvItem = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 
 class HealthCheckConfig(Section):
@@ -295,6 +376,65 @@ class HealthCheckConfig(Section):
         return command
 
 
+HealthPolicy = Literal["notify", "pause", "rollback"]
+
+
+class HealthPolicies(Section):
+    """What the controller does on each finding (orchestrator/training_health.py): notify (an event
+    and a notification), pause (a graceful stop, like the kill switch) or rollback (a graceful stop,
+    then a resume from the checkpoint before the onset with an exact data skip)."""
+
+    loss_spike: HealthPolicy = "notify"
+    grad_norm_explosion: HealthPolicy = "notify"
+    skip_storm: HealthPolicy = "notify"
+    divergence: HealthPolicy = "notify"
+
+
+class HealthConfig(Section):
+    """Training health: the rules of orchestrator/training_health.py over metrics.jsonl. The
+    defaults find what large runs lost time to without flagging a healthy curve (its tests)."""
+
+    enabled: bool = True
+    # Loss spike: loss above the median of the `spike_window` steps before it + spike_mad_k x the
+    # (normal-scaled) MAD of those steps, and by at least spike_min_rise, for spike_consecutive steps.
+    spike_window: Annotated[int, Field(ge=10, le=100_000)] = 100
+    spike_mad_k: Annotated[float, Field(ge=1.0, le=100.0)] = 6.0
+    spike_min_rise: NonNegativeFloat = 0.1
+    spike_consecutive: Annotated[int, Field(ge=1, le=1000)] = 3
+    # Grad-norm explosion: grad norm above grad_norm_factor x the median of the window before it.
+    grad_norm_window: Annotated[int, Field(ge=10, le=100_000)] = 100
+    grad_norm_factor: Annotated[float, Field(gt=1.0, le=1e6)] = 10.0
+    grad_norm_consecutive: Annotated[int, Field(ge=1, le=1000)] = 2
+    # NaN/Inf storm: more than skip_storm_max steps skipped (non-finite gradients) in skip_storm_window steps.
+    skip_storm_window: Annotated[int, Field(ge=1, le=100_000)] = 100
+    skip_storm_max: Annotated[int, Field(ge=0, le=100_000)] = 5
+    # Slow divergence: the median loss of the newer half of the last divergence_window steps is above
+    # the older half's by more than divergence_min_rise.
+    divergence_window: Annotated[int, Field(ge=20, le=1_000_000)] = 1000
+    divergence_min_rise: PositiveFloat = 0.05
+    policy: HealthPolicies = HealthPolicies()
+    # A rollback resumes from the newest verified checkpoint at least rollback_margin_steps before
+    # the onset, and skips the samples from that checkpoint to the onset plus rollback_skip_margin_batches
+    # global batches after it (PaLM: ~100 steps back, 200-500 batches skipped).
+    rollback_margin_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 100
+    rollback_skip_margin_batches: Annotated[int, Field(ge=0, le=1_000_000)] = 100
+    # The LR after a rollback: scaled by lr_scale for lr_scale_steps steps (1.0: unchanged).
+    lr_scale: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    lr_scale_steps: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    # At most rollback_budget automatic rollbacks in rollback_budget_hours; beyond, the run is paused
+    # and a person is called (a spike that comes back after every rollback must not loop).
+    rollback_budget: Annotated[int, Field(ge=0, le=1000)] = 3
+    rollback_budget_hours: PositiveFloat = 24.0
+
+    @model_validator(mode="after")
+    def _lr_scale_has_steps(self) -> HealthConfig:
+        if self.lr_scale != 1.0 and self.lr_scale_steps == 0:
+            raise ValueError(
+                f"lr_scale = {self.lr_scale} needs lr_scale_steps > 0 (how many steps the cut lasts)"
+            )
+        return self
+
+
 class OperatorsConfig(Section):
     group: SafeWord | None = None
     users: list[SafeWord] = []
@@ -308,10 +448,26 @@ class EmailConfig(Section):
 
 
 class NotificationsConfig(Section):
+    # apprise URLs (orchestrator/notify.py): slack://..., msteams://..., pagerduty://..., mailtos://...
+    # `runctl submit` checks that apprise knows each one.
+    urls: list[Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9+.\-]*://\S+$", max_length=2048)]] = []
+    # Kept from before apprise: an http(s) URL, sent to the service apprise recognises in it, else
+    # as apprise's JSON POST with the message under "text".
     webhook: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
     email: EmailConfig | None = None
     events: list[
-        Literal["failure", "hang", "restart", "kill", "crash_loop", "finish", "disk", "straggler"]
+        Literal[
+            "failure",
+            "hang",
+            "restart",
+            "kill",
+            "crash_loop",
+            "finish",
+            "disk",
+            "straggler",
+            "health",
+            "pool",
+        ]
     ] = [
         "failure",
         "hang",
@@ -321,6 +477,8 @@ class NotificationsConfig(Section):
         "finish",
         "disk",
         "straggler",
+        "health",  # training health: findings, pauses, rollbacks (controller/health_policy.py)
+        "pool",
     ]
     timeout_seconds: Seconds = 10.0
 
@@ -335,9 +493,11 @@ class RunConfig(Section):
     data: DataConfig
     checkpoint: CheckpointConfig = CheckpointConfig()
     watchdog: WatchdogConfig = WatchdogConfig()
+    exclusions: ExclusionsConfig = ExclusionsConfig()
     operators: OperatorsConfig = OperatorsConfig()
     notifications: NotificationsConfig = NotificationsConfig()
     health_check: HealthCheckConfig = HealthCheckConfig()
+    health: HealthConfig = HealthConfig()
 
     # Derived quantities: computed here once so that no caller re-derives them differently.
     @property

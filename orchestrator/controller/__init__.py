@@ -1,33 +1,26 @@
-"""The controller. Deciding and acting are separate:
-- observing: liveness.py (beats judged by change, on the controller's monotonic clock),
-  detection.py (pure rules: dead, missing, hung; job-wide incidents), timeouts.py (learned per
-  phase), checkpoints.py (the resume point, without reading bytes), disk.py;
-- deciding (pure, returning actions.py values): policy.py (failures, job ends), recovery.py
-  (restart, crash loop, lost work, exclusion cap), kill_resume.py (operator requests);
-- acting: supervisor.py (the loop, one pass, and `apply`), requests.py (authenticated intake of
-  control/), submission.py (no duplicate sbatch), exclude.py, lock.py, state.py (state.json with
-  its status-transition table, events.jsonl)."""
+"""The controller of one run, in three parts per pass (supervisor.py runs them):
+- observe: observer.py (the scheduler's answer, the launcher's records, the ranks' beats judged by
+  change on the controller's monotonic clock: liveness.py, detection.py, timeouts.py),
+  requests.py (authenticated intake of control/), checkpoints.py, disk.py;
+- decide, pure, returning actions.py values: jobs.py, kill_resume.py, launches.py, policy.py,
+  recovery.py, stragglers.py, upkeep.py;
+- apply: applier.py, the one place that changes the world (with reporter.py for events and
+  notifications, submission.py for sbatch without duplicates, exclude.py, stacks.py).
+memory.py holds what it remembers between passes, persistence.py what it writes of itself. The
+records it reads and writes are the contract's (orchestrator.contract)."""
 
-from .detection import Assessment, Finding, FindingKind, Outcome, assess, classify_end, read_heartbeats
+from .detection import Assessment, Finding, FindingKind, assess
 from .liveness import Liveness
-from .state import ControllerState, RunStatus, load_state, read_events
 from .supervisor import Controller, PassResult
 from .timeouts import PhaseTimeouts
 
 __all__ = [
     "Assessment",
     "Controller",
-    "ControllerState",
     "Finding",
     "FindingKind",
     "Liveness",
-    "Outcome",
     "PassResult",
     "PhaseTimeouts",
-    "RunStatus",
     "assess",
-    "classify_end",
-    "load_state",
-    "read_events",
-    "read_heartbeats",
 ]

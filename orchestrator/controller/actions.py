@@ -1,9 +1,11 @@
 """What the controller's policy may ask for: plain values, applied in one place
-(`Controller.apply` in supervisor.py), in the order the policy lists them.
+(applier.Applier.apply), in the order the policy lists them.
 
-The policy modules (policy.py, recovery.py, kill_resume.py) decide; they never call the scheduler,
-write a file or send a notification. That keeps every decision testable with plain data, and lets
-the simulation (orchestrator/simulation) drive exactly the code that runs on a login node.
+The deciding modules (jobs.py, upkeep.py, launches.py, policy.py, recovery.py, kill_resume.py,
+stragglers.py, health_policy.py) never call the scheduler, write a file, send a notification or change the
+controller's state: what should change is an action here, the bookkeeping of state.json
+included. That keeps every decision testable with plain data, and lets the simulation drive
+exactly the code that runs on a login node.
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .state import RunStatus
+from orchestrator.contract.directive import Rollback
+from orchestrator.contract.events import Event
+from orchestrator.contract.state import DiskPause, PoolStatus, Recovery, RunStatus
 
 
 @dataclass(frozen=True)
 class Record:
-    """One line of events.jsonl."""
+    """One line of events.jsonl (stamped with the controller's clock when applied)."""
 
-    event: str
-    fields: dict[str, Any] = field(default_factory=dict)
+    event: Event
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,18 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """Queued jobs must not start (the run is paused): `scontrol hold`."""
+
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Release:
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class DumpStacks:
     job_id: str
 
@@ -46,6 +61,25 @@ class Exclude:
     reason: str
     job_id: str
     cause: str
+
+
+@dataclass(frozen=True)
+class ReleaseExclusions:
+    """Nodes back in the pool before an operator asked: their probation expired, or a short pool
+    released the oldest (pool.py). Queued jobs get the new exclude list too."""
+
+    nodes: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class ClearExclusions:
+    """An operator's authenticated nodes-clear: take `nodes` (None: all) off the exclude list,
+    then consume the request; when the list cannot be changed the request stays for the next pass."""
+
+    nodes: tuple[str, ...] | None
+    by: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -64,7 +98,7 @@ class Restart:
 @dataclass(frozen=True)
 class Relaunch(Restart):
     """Run again from `resume_step` inside the running job: the launcher leaves out `leave_out`
-    (maybe none), takes as many spares and starts launch `launch` + 1 (orchestrator/allocation.py)."""
+    (maybe none), takes as many spares and starts launch `launch` + 1 (contract.allocation)."""
 
     launch: int = 0  # the launch that failed
     leave_out: tuple[str, ...] = ()
@@ -83,7 +117,7 @@ class Stop:
     status: RunStatus
     notify_kind: str
     message: str
-    fields: dict[str, Any] = field(default_factory=dict)
+    by: str | None = None  # the operator whose request stopped it
 
 
 @dataclass(frozen=True)
@@ -111,12 +145,134 @@ class WithdrawRequest:
     consumed: bool = False
 
 
+@dataclass(frozen=True)
+class Consume:
+    """Remove the operator's control/<name> once acted upon (accepted/ is left as it is)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class PublishDirective:
+    """Write the rollback directive to accepted/rollback, where the trainer reads it at its start."""
+
+    directive: Rollback
+
+
+# -- the bookkeeping of state.json ------------------------------------------------------------------
+@dataclass(frozen=True)
+class AdoptJob:
+    """A job of the run the controller did not submit itself (`runctl submit`'s chain, or a
+    controller that died between sbatch and recording it): tracked from now on."""
+
+    job_id: str
+    why: str
+    clears_intent: bool = False
+
+
+@dataclass(frozen=True)
+class UpdateJob:
+    """What the scheduler says of a job now (None: unchanged)."""
+
+    job_id: str
+    state: str
+    nodes: tuple[str, ...] = ()
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    slurm_start: float | None = None
+    requeued: bool = False  # SLURM requeued it under the same id: its old beats mean nothing now
+
+
+@dataclass(frozen=True)
+class SetOutcome:
+    job_id: str
+    outcome: str
+
+
+@dataclass(frozen=True)
+class FollowRecovery:
+    """The restart being followed: where rank 0 says it resumed from (None: done, stop following)."""
+
+    recovery: Recovery | None
+
+
+@dataclass(frozen=True)
+class NoteUnhealthyRelayed:
+    keys: tuple[str, ...]  # "<job>:<node>"
+
+
+@dataclass(frozen=True)
+class NoteDamageReportsSeen:
+    count: int
+
+
+@dataclass(frozen=True)
+class SetDiskLevel:
+    level: str
+
+
+@dataclass(frozen=True)
+class SetPool:
+    status: PoolStatus  # state.json's `pool` (pool.py): what `runctl status` and `doctor` show
+
+
+@dataclass(frozen=True)
+class SetDiskPause:
+    pause: DiskPause | None  # None: the pause is over
+
+
+@dataclass(frozen=True)
+class SetStragglers:
+    summary: dict[str, Any]  # what `runctl status` shows (stragglers.StragglerScorer.summary)
+
+
+@dataclass(frozen=True)
+class NoteMetricsRead:
+    """metrics.jsonl is judged up to this byte (a restarted controller goes on from there)."""
+
+    offset: int
+
+
+@dataclass(frozen=True)
+class NoteRollback:
+    """An automatic rollback at this time (the controller's clock): counted by the budget."""
+
+    time: float
+
+
+@dataclass(frozen=True)
+class SetPendingRollback:
+    """The directive to write once the stopping job is gone (None: none)."""
+
+    directive: Rollback | None
+
+
+@dataclass(frozen=True)
+class NoteRollbackAwaited:
+    """The directive whose application rank 0 should report (None: none awaited)."""
+
+    directive_id: str | None
+
+
+@dataclass(frozen=True)
+class ExpectNewHistory:
+    """After a rollback to step S: metrics.jsonl's new history starts at or before `step` (S + 1);
+    None once it has."""
+
+    step: int | None
+
+
 Action = (
     Record
     | Notify
     | Cancel
+    | Hold
+    | Release
     | DumpStacks
     | Exclude
+    | ClearExclusions
+    | ReleaseExclusions
     | Restart
     | Relaunch
     | Submit
@@ -125,4 +281,21 @@ Action = (
     | ResetProgressCounter
     | PublishRequest
     | WithdrawRequest
+    | Consume
+    | PublishDirective
+    | AdoptJob
+    | UpdateJob
+    | SetOutcome
+    | FollowRecovery
+    | NoteUnhealthyRelayed
+    | NoteDamageReportsSeen
+    | SetDiskLevel
+    | SetDiskPause
+    | SetStragglers
+    | NoteMetricsRead
+    | NoteRollback
+    | SetPendingRollback
+    | NoteRollbackAwaited
+    | ExpectNewHistory
+    | SetPool
 )

@@ -4,22 +4,25 @@ The login node never reads a checkpoint's bytes to decide a restart: hashing BLO
 thread is most of an hour, with nothing supervised meanwhile. The ranks verify hashes when they
 resume (in parallel, each its own shard) and report a damaged checkpoint in
 `checkpoints/damaged.jsonl`. The controller predicts their choice with the same rule
-(protocol.resume_candidates: newest with a manifest, not newer than `latest`) and checks only what
+(contract.resume_candidates: newest with a manifest, not newer than `latest`) and checks only what
 is cheap: the manifest and every file's presence and size (stat), plus the ranks' damage reports.
 A checkpoint removed meanwhile (keep-last) is skipped, never an error. Nothing is ever deleted here.
 """
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.protocol import (
-    DAMAGED_LOG_NAME,
-    LATEST_NAME,
+from orchestrator import training_health
+from orchestrator.contract import (
     MANIFEST_NAME,
-    read_jsonl,
+    ContractError,
+    DirectiveError,
+    damaged_names,
+    read_checkpoint_state,
+    read_manifest,
     resume_candidates,
     step_of,
     verify_manifest,
@@ -39,14 +42,13 @@ def _info(path: Path) -> CheckpointInfo | None:
     step = step_of(path.name)
     if step is None:
         return None
-    manifest_path = path / MANIFEST_NAME
     size, saved_at, complete = 0, None, False
     try:
-        manifest = json.loads(manifest_path.read_text())
-        size = sum(int(meta.get("size", 0)) for meta in manifest["files"].values())
-        saved_at = manifest_path.stat().st_mtime
-        complete = True
-    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        manifest = read_manifest(path)  # bounded, never through a link, never blocking
+        if manifest is not None:
+            size, complete = manifest.size_bytes, True
+            saved_at = os.stat(path / MANIFEST_NAME, follow_symlinks=False).st_mtime
+    except (OSError, ContractError):
         pass
     return CheckpointInfo(step, path, complete, size, saved_at)
 
@@ -68,11 +70,6 @@ def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
         if info is not None:
             found.append(info)
     return sorted(found, key=lambda c: c.step)
-
-
-def damaged_names(directory: Path) -> set[str]:
-    """Checkpoints the ranks found damaged when they verified them."""
-    return {str(r.get("checkpoint", "")) for r in read_jsonl(Path(directory) / DAMAGED_LOG_NAME)}
 
 
 def resume_point(
@@ -100,8 +97,24 @@ def resume_point(
     return None, skipped
 
 
-def latest_pointer(directory: Path) -> str | None:
-    try:
-        return (Path(directory) / LATEST_NAME).read_text().strip() or None
-    except OSError:
-        return None
+def rollback_candidates(directory: Path) -> list[training_health.CheckpointInfo]:
+    """Every complete checkpoint with its data position (its trainer_state.json), for the rollback
+    planner: verified = its manifest and sizes check and the ranks never reported it damaged (the
+    same cheap check as resume_point; the ranks verify the hashes and the probe when they load
+    it). One without a readable trainer_state.json (saved before it existed, or not the owner's)
+    has no known data position and is left out."""
+    damaged = damaged_names(directory)
+    out = []
+    for info in list_checkpoints(directory):
+        if not info.complete:
+            continue
+        try:
+            state = read_checkpoint_state(info.path)
+            problems = verify_manifest(info.path, check_hashes=False)
+        except (OSError, DirectiveError):
+            continue
+        if state is None:
+            continue
+        verified = not problems and info.path.name not in damaged
+        out.append(training_health.CheckpointInfo(info.step, state.consumed_samples, verified))
+    return out

@@ -9,29 +9,40 @@ node's. Rules, for the ranks of the current incarnation of the job that is runni
 - dead rank: its beat has not changed for `watchdog.dead_after_seconds` (crash, SIGSTOP, lost node);
 - missing rank: the job has been seen running for longer than the init timeout and the rank never
   beat;
-- hang: the rank beats but its progress has not changed for longer than the timeout of its phase
-  (learned per phase, see timeouts.py), e.g. stuck in a collective waiting for a dead peer.
+- hang: the rank beats, is not waiting for its peers (its last mark is not Mark.WAIT: the time
+  there is theirs), and its progress (the marks it has done, its step, its phase) has not changed
+  for longer than the limit of its phase (learned per launch from the gaps between marks, see
+  timeouts.py), e.g. stuck in a collective or in a save whose bytes stopped;
+- everyone stuck: when no rank is found hung or dead by the rules above, but no rank's progress
+  has changed for longer than the largest of their limits, waiting ones included (all of them in
+  a collective that never completes, or waiting for a peer that stopped without a trace): every
+  one of them is hung;
+- no hang verdict while a rank's beat is silent (unchanged for `silent_after`): it cannot be seen
+  to progress, and its peers' stall is likely its doing; it is dead after `dead_after` (then it is
+  the one to blame), and its progress timer restarts if it comes back;
+- a stall is not a death (`stall_tolerance`, watchdog.stall_tolerance_seconds): a silent rank
+  whose whole node is silent is not dead, up to that long, when the node cannot be lost: every node
+  of the job is silent at once (the filesystem stalls; lost nodes end the job NODE_FAIL in SLURM),
+  or its peers still progress `silent_after` after its node went quiet (the ranks of a lost node
+  hold up the next collective within seconds; a node whose writes stall computes on), or every
+  rank that beats is still in init (no marks there: time is the only evidence; a node lost in init
+  ends its step or job in SLURM). A rank alone
+  silent on a node that still beats is dead at `dead_after` (frozen, SIGSTOP).
 One incident is one incident: when at least half of the ranks are dead at once, the job, the
 filesystem or the network is suspected, not N nodes (`Assessment.job_wide`), and the nodes blamed
 by one incident are capped (`culprit_nodes`).
-How a job ended is classified by the contract's `classify_end` (re-exported here).
 """
 
 from __future__ import annotations
 
 import enum
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from orchestrator.protocol import Outcome, Phase, classify_end  # noqa: F401 - re-exported
+from orchestrator.contract import Heartbeat, Mark, Phase
 
 from .liveness import RankView
 from .timeouts import PhaseTimeouts
-
-HEARTBEAT_MAX_BYTES = 1 << 16  # a beat is ~600 bytes; anything bigger is not one
 
 
 class FindingKind(str, enum.Enum):
@@ -72,10 +83,13 @@ class Assessment:
     findings: list[Finding] = field(default_factory=list)
     min_step: int | None = None
     max_step: int | None = None
-    # The lowest rank's beat: its reported durations feed the learned timeouts.
-    reference: dict[str, Any] | None = None
+    # The lowest rank's beat (where training resumed from, for the recovery follow-up).
+    reference: Heartbeat | None = None
     # Per host: seconds since its stalest rank's beat changed (for the dashboard's grid).
     host_beat_age: dict[str, float] = field(default_factory=dict)
+    # In a hang: the ranks behind the others (`behind`), and why they, or nobody, are named.
+    suspects: list[Finding] = field(default_factory=list)
+    suspects_why: str = ""
 
     @property
     def dead(self) -> list[Finding]:
@@ -92,15 +106,12 @@ class Assessment:
 
     def culprits(self) -> list[Finding]:
         """The ranks to blame. Dead ranks when there are any (the others hang because they wait
-        for them), unless the stall is job-wide. In a pure hang, the ranks furthest behind are
-        the suspects, but only when some ranks are ahead of them (otherwise nobody can be
-        singled out)."""
+        for them), unless the stall is job-wide. In a pure hang, the ranks behind the others
+        (`behind`: waiting ranks included, a culprit may be in a wait of its own); nobody when
+        none is behind."""
         if self.dead:
             return [] if self.job_wide else self.dead
-        hung = self.hung
-        if not hung or self.min_step is None or self.min_step == self.max_step:
-            return []
-        return [f for f in hung if f.step == self.min_step]
+        return self.suspects if self.hung else []
 
 
 def culprit_nodes(nodes: list[str], cap: int) -> tuple[list[str], str | None]:
@@ -115,59 +126,19 @@ def culprit_nodes(nodes: list[str], cap: int) -> tuple[list[str], str | None]:
     )
 
 
-def stale_hosts(job_beats: list[dict[str, Any]], margin: float) -> list[str]:
+def stale_hosts(job_beats: list[Heartbeat], margin: float) -> list[str]:
     """Hosts whose newest beat is more than `margin` seconds older than the median host's newest:
     the node that went first when SLURM reports only that the job ended NODE_FAIL. This compares
     node clocks with each other (skewed by at most a minute or so, so margin must be well above
     that), never with the login node's."""
     newest: dict[str, float] = {}
     for beat in job_beats:
-        stamp = beat.get("beat_time")
-        if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
-            host = str(beat.get("host", ""))
-            newest[host] = max(newest.get(host, float("-inf")), float(stamp))
+        newest[beat.host] = max(newest.get(beat.host, float("-inf")), beat.beat_time)
     if len(newest) < 2:
         return []
     ordered = sorted(newest.values())
     median = ordered[len(ordered) // 2]
     return sorted(host for host, stamp in newest.items() if median - stamp > margin)
-
-
-def read_heartbeats(directory: Path) -> list[dict[str, Any]]:
-    """Every rank's last beat as a dict. A file caught mid-replace, torn, too big, not a regular
-    file or not a JSON object is skipped (beats are written atomically, so that only happens for a
-    file being deleted, or for something that is not a beat)."""
-    # os.open with dir_fd and one os.read: about twice as fast as open()/scandir for 16k files.
-    beats: list[dict[str, Any]] = []
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return beats
-    loads = json.loads
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-    try:
-        for name in os.listdir(dir_fd):
-            if not name.startswith("rank-") or not name.endswith(".json"):
-                continue
-            try:
-                fd = os.open(name, flags, dir_fd=dir_fd)
-            except OSError:
-                continue
-            try:
-                data = loads(os.read(fd, HEARTBEAT_MAX_BYTES))
-                if isinstance(data, dict):
-                    beats.append(data)
-            except (OSError, ValueError):
-                pass
-            finally:
-                os.close(fd)
-    finally:
-        os.close(dir_fd)
-    return beats
-
-
-def _integer(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def assess(
@@ -178,48 +149,107 @@ def assess(
     world_size: int,
     now: float,
     dead_after: float,
+    silent_after: float,
     timeouts: PhaseTimeouts,
+    stall_tolerance: float = 0.0,
 ) -> Assessment:
     """One supervision pass over the current incarnation's ranks (a plain loop: ~1 us per rank).
     `now`, `job_seen_at` and every time in `views` are on the controller's monotonic clock."""
     result = Assessment(job_id=None if job_id is None else str(job_id), ranks_seen=0, world_size=world_size)
     if job_id is None:
         return result
-    limits = {phase: timeouts.timeout(phase) for phase in timeouts.floors}
-    step_limit = limits[Phase.STEP.value]
+    limits = {
+        Phase(phase): timeouts.timeout(phase) for phase in timeouts.floors
+    }  # by member: no .value a rank
+    step_limit = limits[Phase.STEP]
+    exiting, wait = Phase.EXITING, Mark.WAIT.value
     host_age = result.host_beat_age
     findings = result.findings
-    min_step = max_step = None
-    reference: dict[str, Any] | None = None
+    min_step, max_step = 1 << 62, -1
+    reference: Heartbeat | None = None
     reference_rank = 1 << 62
+    # Ranks judged on their progress (beating, not leaving): the newest progress among them and
+    # the largest limit, for the everyone-stuck rule.
+    judged: list[RankView] = []
+    newest_progress, widest_limit = float("-inf"), 0.0
+    silent = False
+    in_init, past_init = Phase.INIT, False  # past_init: some rank that beats has left init
+    over: list[tuple[RankView, float]] = []  # beats older than dead_after: dead, unless a stall
+    node_quiet: dict[str, float] = {}  # per host: its freshest rank's beat age
     for rank, view in views.items():
         beat = view.beat
-        host = str(beat.get("host", ""))
+        host = beat.host
         beat_age = now - view.beat_changed
         if beat_age > host_age.get(host, -1.0):
             host_age[host] = beat_age
-        phase = str(beat.get("phase", Phase.STEP.value))
-        step = _integer(beat.get("step"))
-        if min_step is None or step < min_step:
+        if beat_age < node_quiet.get(host, float("inf")):
+            node_quiet[host] = beat_age
+        step = beat.step
+        if step < min_step:
             min_step = step
-        if max_step is None or step > max_step:
+        if step > max_step:
             max_step = step
         if rank < reference_rank:
             reference_rank, reference = rank, beat
-        if phase == Phase.EXITING.value:
+        phase = beat.phase
+        if phase is exiting:
             # Leaving on purpose (its beat stops when it is gone): how it left is judged from
             # SLURM's end state and exit code, and peers stuck without it show up as a hang.
             continue
         if beat_age > dead_after:
-            findings.append(Finding(FindingKind.DEAD_RANK, rank, host, phase, step, beat_age, dead_after))
+            over.append((view, beat_age))
             continue
-        stalled = now - view.progress_changed
+        if beat_age > silent_after:
+            silent = True
+            continue
+        changed = view.progress_changed
         limit = limits.get(phase, step_limit)
-        if stalled > limit:
-            findings.append(Finding(FindingKind.HANG, rank, host, phase, step, stalled, limit))
+        judged.append(view)
+        if phase is not in_init:
+            past_init = True
+        if changed > newest_progress:
+            newest_progress = changed
+        if limit > widest_limit:
+            widest_limit = limit
+        if now - changed > limit and beat.progress_unit != wait:
+            findings.append(Finding(FindingKind.HANG, rank, host, phase.value, step, now - changed, limit))
+    if over:
+        silent = (
+            _judge_silence(
+                over,
+                findings,
+                node_quiet,
+                now,
+                newest_progress,
+                dead_after,
+                silent_after,
+                stall_tolerance,
+                all_in_init=bool(judged) and not past_init,
+            )
+            or silent
+        )
+    if silent:
+        # A silent rank (a node going down?) is the likely cause of its peers' stall: blame waits
+        # until dead_after says it is dead, or it comes back.
+        findings[:] = [f for f in findings if f.kind is not FindingKind.HANG]
+    elif judged and not findings and now - newest_progress > widest_limit:
+        for view in judged:
+            beat = view.beat
+            stalled = now - view.progress_changed
+            findings.append(
+                Finding(
+                    FindingKind.HANG, view.rank, beat.host, beat.phase.value, beat.step, stalled, widest_limit
+                )
+            )
+    if findings and not silent and all(f.kind is FindingKind.HANG for f in findings):
+        stuck = [(v, limits.get(v.beat.phase, step_limit)) for v in judged]
+        stuck = [(v, limit) for v, limit in stuck if now - v.progress_changed > min(limit, widest_limit)]
+        result.suspects, result.suspects_why = behind(stuck, now)
+    if max_step < 0:
+        min_step = max_step = None
     result.ranks_seen = len(views)
     result.min_step, result.max_step, result.reference = min_step, max_step, reference
-    init_limit = limits[Phase.INIT.value]
+    init_limit = limits[Phase.INIT]
     if job_seen_at is not None and len(views) < world_size and now - job_seen_at > init_limit:
         for rank in range(world_size):
             if rank not in views:
@@ -229,3 +259,91 @@ def assess(
                     )
                 )
     return result
+
+
+def behind(stuck: list[tuple[RankView, float]], now: float) -> tuple[list[Finding], str]:
+    """Of the ranks stuck in a hang (progress unchanged past their limit, `(view, limit)`, waiting
+    ones included), those that hold the others up, and why; nobody when none stands out. In order:
+    - ranks at a lower step than the others: they did not finish the step the rest finished;
+    - ranks not waiting while others wait (their last mark is not Mark.WAIT): the waiters wait
+      for someone, and these stopped in their own work;
+    - every one waiting at the same step: those with fewer marks (progress_count) than the rest
+      stopped earlier in the step (ranks of one job do the same work per step, as many micro-
+      batches forward and backward on every stage);
+    - all at the same step, all waiting, at the same count: nobody (a collective that never
+      completes, the network, the job: not one rank's doing)."""
+    if not stuck:
+        return [], ""
+    low = min(v.beat.step for v, _ in stuck)
+    if any(v.beat.step != low for v, _ in stuck):
+        named = [(v, limit) for v, limit in stuck if v.beat.step == low]
+        why = f"behind the others at step {low}"
+    else:
+        wait = Mark.WAIT.value
+        working = [(v, limit) for v, limit in stuck if v.beat.progress_unit != wait]
+        fewest = min(v.beat.progress_count for v, _ in stuck)
+        if working and len(working) < len(stuck):
+            named, why = working, "stopped in its own work while the others wait for their peers"
+        elif any(v.beat.progress_count != fewest for v, _ in stuck):
+            named = [(v, limit) for v, limit in stuck if v.beat.progress_count == fewest]
+            why = f"fewest marks of the step ({fewest}): stopped before the others"
+        else:
+            return [], (
+                f"nobody named: all {len(stuck)} stuck ranks are at step {low} with the same marks "
+                f"({fewest}){', all waiting' if not working else ''}: a job-wide hang"
+            )
+    return [
+        Finding(
+            FindingKind.HANG,
+            v.rank,
+            v.beat.host,
+            v.beat.phase.value,
+            v.beat.step,
+            now - v.progress_changed,
+            limit,
+        )
+        for v, limit in named
+    ], why
+
+
+def _judge_silence(
+    over: list[tuple[RankView, float]],
+    findings: list[Finding],
+    node_quiet: dict[str, float],
+    now: float,
+    live_progress: float,
+    dead_after: float,
+    silent_after: float,
+    stall_tolerance: float,
+    all_in_init: bool = False,
+) -> bool:
+    """Ranks silent for more than dead_after: dead, or (the module docstring's stall rule) a stall
+    to wait out. `live_progress` is the newest progress of the ranks that beat. True when some
+    rank is left silent (no hang verdict this pass)."""
+    every_node_quiet = all(age > silent_after for age in node_quiet.values())
+    stalled = False
+    for view, beat_age in over:
+        beat = view.beat
+        quiet = node_quiet[beat.host]
+        if (
+            beat_age <= stall_tolerance
+            # every node silent, or peers progressed silent_after after its whole node went quiet
+            # (a node with a rank that still beats has quiet ~0: never a stall)
+            and (
+                every_node_quiet
+                or live_progress > now - quiet + silent_after
+                # In init (imports, rendezvous: no marks) nobody can be seen to progress, so time is
+                # the only evidence: wait out the tolerance. A node lost there ends its srun step or
+                # its job in SLURM (SlurmdTimeout); seen in the soak: a 10-minute storage stall during
+                # a relaunch's init was a false death and a false exclusion.
+                or (all_in_init and beat.phase is Phase.INIT)
+            )
+        ):
+            stalled = True
+            continue
+        findings.append(
+            Finding(
+                FindingKind.DEAD_RANK, view.rank, beat.host, beat.phase.value, beat.step, beat_age, dead_after
+            )
+        )
+    return stalled

@@ -1,137 +1,212 @@
-"""The controller's view of the run's jobs, kept in step with the scheduler (a mixin of Controller).
+"""The run's jobs as the scheduler sees them: pure rules from what a pass observed to actions.
 
-- Adopt the jobs `runctl submit` queued (its ledger, jobs/<id>/).
-- Refresh every live job from the scheduler each pass; slurmctld not answering is an event, not
-  an error (the heartbeats of the job known to run are still judged).
-- A job SLURM requeued under the same id (it went back to pending, or its SLURM start time
-  changed) resets the liveness view: its old heartbeats mean nothing now.
-- A run that is not stopped always has a job running or queued; submissions go through the
-  intent protocol of submission.py (never twice).
+- Adopt the jobs `runctl submit` queued (its ledger, jobs/<id>/) and any a controller that died
+  between sbatch and recording it left behind.
+- Refresh every live job from the scheduler's answer; slurmctld not answering (a timeout, a
+  non-zero exit, `squeue --json` with `errors`) is an outage: one event, no job judged ended,
+  nothing resubmitted (the heartbeats of the job known to run are still judged).
+- A job ends only on a terminal SLURM state (or one `runctl status` cached before SLURM forgot
+  it), or when SLURM has not listed it for MISSING_PASSES_BEFORE_END passes in a row AND its
+  ranks stopped beating. UNKNOWN ("not in squeue, no accounting") alone is not an end: a queue
+  that lags after an outage must not end a job that trains.
+- A job SLURM requeued under the same id (it went back to pending, or its SLURM start time changed)
+  is marked: its old heartbeats mean nothing now.
+- A run that is not stopped always has a job running or queued (submissions go through the intent
+  protocol of submission.py: never twice).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict, dataclass, field
 
-from orchestrator.errors import SchedulerError
-from orchestrator.protocol import JobState
+from orchestrator.contract import JobState
+from orchestrator.contract import events as ev
+from orchestrator.contract import pool_events as pev
+from orchestrator.contract.state import ControllerState, JobRecord
+from orchestrator.slurm.base import JobInfo
 
-from . import exclude as exclude_list
-from .actions import Submit
-from .state import JobRecord
-from .submission import discover_chain_jobs, last_seen_end, submit_once
+from .actions import Action, AdoptJob, Record, Submit, UpdateJob
 
 QUEUED_STATES = (JobState.PENDING.value, JobState.HELD.value)
 RUNNING_STATES = (JobState.RUNNING.value, JobState.COMPLETING.value)
+# A job the scheduler does not list yet right after sbatch is not lost.
+JUST_SUBMITTED_SECONDS = 60.0
+# A predecessor's intent without a job: waited for this long before submitting anew.
+INTENT_WAIT_SECONDS = 600.0
+# Passes in a row a job must be missing from SLURM's answer (and silent) before it counts as ended.
+MISSING_PASSES_BEFORE_END = 3
 
 
-class JobTracking:
-    """Needs from its host: paths, cfg, scheduler, state, liveness, submitter, clock, monotonic,
-    _scheduler_down_since, _event(), apply()."""
+@dataclass(frozen=True)
+class Missing:
+    """A live job SLURM's answer did not list: for how many passes in a row, and whether any of
+    its ranks' beats changed within dead_after (the controller's clock)."""
 
-    def _adopt_chain_jobs(self) -> None:
-        known = {j.job_id for j in self.state.jobs}
-        for job_id in discover_chain_jobs(self.paths):
-            if job_id not in known:
-                self.state.jobs.append(
-                    JobRecord(job_id=job_id, submitted_at=self.clock(), reason="runctl submit")
-                )
-                why = "submitted by runctl submit"
-                if self.state.pending_submit:
-                    # A controller died between sbatch and recording the id; the ledger has it.
-                    why = "submitted by a controller that died before recording it"
-                    self.state.pending_submit = None
-                self._event("job_adopted", job_id=job_id, why=why)
+    passes: int
+    beating: bool
 
-    def _refresh_jobs(self) -> None:
-        live = self.state.live_jobs()
-        if not live:
-            return
-        try:
-            infos = self.scheduler.jobs([j.job_id for j in live])
-        except SchedulerError as exc:
-            # slurmctld timing out for a while is normal on a busy cluster: keep judging the
-            # heartbeats of the job we know is running; job ends wait until it answers again.
-            if self._scheduler_down_since is None:
-                self._scheduler_down_since = self.monotonic()
-                self._event("scheduler_unreachable", error=str(exc)[:300])
-            return
-        if self._scheduler_down_since is not None:
-            self._event(
-                "scheduler_reachable", after_seconds=round(self.monotonic() - self._scheduler_down_since, 1)
+
+@dataclass(frozen=True)
+class SchedulerView:
+    """The scheduler's answer for the run's live jobs in one pass, or why there is none."""
+
+    infos: dict[str, JobInfo]
+    error: str | None = None  # slurmctld did not answer
+    outage_began: bool = False  # this pass is the first without an answer
+    back_after_seconds: float | None = None  # set on the first pass with an answer after an outage
+    missing: dict[str, Missing] = field(default_factory=dict)  # live jobs the answer did not list
+
+
+def running_job(state: ControllerState) -> JobRecord | None:
+    for record in state.live_jobs():
+        if record.state in RUNNING_STATES and record.ended_at is None:
+            return record
+    return None
+
+
+def queued_jobs(state: ControllerState) -> list[JobRecord]:
+    return [j for j in state.live_jobs() if j.state in QUEUED_STATES and j.ended_at is None]
+
+
+def adopt(state: ControllerState, recorded_ids: list[str]) -> list[Action]:
+    """Jobs of the run's ledger or jobs/ folders the state does not know yet."""
+    known = {j.job_id for j in state.jobs}
+    actions: list[Action] = []
+    intent = state.pending_submit is not None
+    for job_id in recorded_ids:
+        if job_id in known:
+            continue
+        if intent:  # a controller died between sbatch and recording the id; the ledger has it
+            why, intent = "submitted by a controller that died before recording it", False
+            actions.append(AdoptJob(job_id, why, clears_intent=True))
+        else:
+            why = "submitted by runctl submit"
+            actions.append(AdoptJob(job_id, why))
+        actions.append(Record(ev.JobAdopted(job_id=job_id, why=why)))
+    return actions
+
+
+def refresh(
+    state: ControllerState,
+    view: SchedulerView,
+    *,
+    wall_now: float,
+    last_seen: dict[str, tuple[str, int | None]],
+) -> list[Action]:
+    """`last_seen`: job -> (end state, exit code) that `runctl status` cached for jobs SLURM forgot."""
+    actions: list[Action] = []
+    if view.outage_began:
+        actions.append(Record(ev.SchedulerUnreachable(error=(view.error or "")[:300])))
+    if view.error is not None:
+        return actions
+    if view.back_after_seconds is not None:
+        actions.append(Record(ev.SchedulerReachable(after_seconds=round(view.back_after_seconds, 1))))
+    for record in state.live_jobs():
+        info = view.infos.get(record.job_id)
+        if info is not None:
+            actions += job_update(
+                record,
+                info,
+                wall_now=wall_now,
+                cached_end=last_seen.get(record.job_id),
+                missing=view.missing.get(record.job_id),
             )
-            self._scheduler_down_since = None
-        for record in live:
-            info = infos.get(record.job_id)
-            if info is not None:
-                self._update_record(record, info)
+    return actions
 
-    def _update_record(self, record: JobRecord, info: Any) -> None:
-        previous_state, previous_start = record.state, record.slurm_start
-        state = info.state.value
-        requeued = previous_state in RUNNING_STATES and state in QUEUED_STATES
-        # Both from SLURM: a new start time under the same id is a requeue we did not see pending.
-        restarted = bool(info.start_time and previous_start and info.start_time != previous_start)
-        if info.start_time and state in RUNNING_STATES:
-            record.slurm_start = info.start_time
-        if requeued or (restarted and state in RUNNING_STATES):
-            # SLURM requeued the job under the same id: its old heartbeats mean nothing now.
-            record.requeues += 1
-            record.started_at = None
-            if record.job_id == self.liveness.job_id:
-                self.liveness.expect_new_incarnation()
-            self._event("job_requeued", job_id=record.job_id, state=state, requeues=record.requeues)
-        record.state = state
-        if info.nodes:
-            record.nodes = list(info.nodes)
-        if info.start_time and state in RUNNING_STATES:
-            record.started_at = info.start_time
-        if record.state == JobState.RUNNING.value and not record.started_at:
-            record.started_at = self.clock()
-        if info.exit_code is not None:
-            record.exit_code = info.exit_code
-        if state == JobState.UNKNOWN.value:
-            cached_state, cached_code = last_seen_end(self.paths, record.job_id)
-            if cached_state:
-                record.state, record.exit_code = cached_state, cached_code
-            elif self.clock() - record.submitted_at < 60:
-                return  # just submitted: the scheduler may not list it yet; never call it lost
-        if info.state.is_terminal or state == JobState.UNKNOWN.value:
-            if record.ended_at is None:
-                record.ended_at = info.end_time or self.clock()
 
-    def _running_job(self) -> JobRecord | None:
-        for record in self.state.live_jobs():
-            if record.state in RUNNING_STATES and record.ended_at is None:
-                return record
-        return None
-
-    def _queued_jobs(self) -> list[JobRecord]:
-        return [j for j in self.state.live_jobs() if j.state in QUEUED_STATES and j.ended_at is None]
-
-    def _submit(self, reason: str) -> JobRecord:
-        excluded = exclude_list.excluded_nodes(self.paths)
-        record = submit_once(
-            self.paths,
-            self.state,
-            self.submitter,
-            job_name=self.cfg.name,
-            exclude=excluded,
-            reason=reason,
-            clock=self.clock,
+def job_update(
+    record: JobRecord,
+    info: JobInfo,
+    *,
+    wall_now: float,
+    cached_end: tuple[str, int | None] | None,
+    missing: Missing | None = None,
+) -> list[Action]:
+    if info.state is JobState.UNKNOWN and cached_end is None:
+        return _not_listed(record, missing, wall_now)
+    state = info.state.value
+    running = state in RUNNING_STATES
+    requeued = record.state in RUNNING_STATES and state in QUEUED_STATES
+    # Both from SLURM: a new start time under the same id is a requeue we did not see pending.
+    restarted = bool(info.start_time and record.slurm_start and info.start_time != record.slurm_start)
+    requeue = requeued or (restarted and running)
+    started_at = None if requeue else record.started_at
+    if info.start_time and running:
+        started_at = info.start_time
+    if state == JobState.RUNNING.value and not started_at:
+        started_at = wall_now
+    exit_code = info.exit_code if info.exit_code is not None else record.exit_code
+    ended_at = record.ended_at
+    unknown = info.state is JobState.UNKNOWN
+    if unknown and cached_end is not None:
+        state, exit_code = cached_end
+    if (info.state.is_terminal or unknown) and ended_at is None:
+        ended_at = info.end_time or wall_now
+    update = UpdateJob(
+        job_id=record.job_id,
+        state=state,
+        nodes=tuple(info.nodes) if info.nodes else tuple(record.nodes),
+        started_at=started_at,
+        ended_at=ended_at,
+        exit_code=exit_code,
+        slurm_start=info.start_time if info.start_time and running else record.slurm_start,
+        requeued=requeue,
+    )
+    actions: list[Action] = [update]
+    if requeue:
+        actions.append(
+            Record(ev.JobRequeued(job_id=record.job_id, state=state, requeues=record.requeues + 1))
         )
-        self._event("job_submitted", job_id=record.job_id, reason=reason, exclude=excluded)
-        return record
+    return actions
 
-    def _ensure_a_job(self, result: Any) -> None:
-        """A run that is not stopped always has a job running or queued."""
-        if self.state.live_jobs():
-            return
-        if self.state.pending_submit:
-            # A predecessor died mid-submit and this backend cannot list jobs by name: wait until
-            # the job shows up (heartbeats, jobs/) rather than risk a duplicate.
-            if self.clock() - self.state.pending_submit.get("time", 0) < 600:
-                return
-            self._event("intent_expired", intent=self.state.pending_submit)
-        reason = "initial" if not self.state.jobs else "continue"
-        self.apply([Submit(reason)], result)
+
+def _not_listed(record: JobRecord, missing: Missing | None, wall_now: float) -> list[Action]:
+    """A live job SLURM did not list: an event on the first pass; ended (state unknown, judged
+    by its exit beats) only once missing for MISSING_PASSES_BEFORE_END passes with silent ranks
+    and not just submitted (the scheduler may not list a new job yet)."""
+    passes = missing.passes if missing is not None else 0  # not counted: never an end
+    beating = missing.beating if missing is not None else False
+    actions: list[Action] = []
+    if passes == 1 and record.ended_at is None:
+        actions.append(
+            Record(
+                pev.JobNotListed(
+                    job_id=record.job_id,
+                    last_state=record.state,
+                    why="SLURM's answer does not list it (no accounting to ask): not an end while its "
+                    f"ranks beat; ended after {MISSING_PASSES_BEFORE_END} such passes with silent ranks",
+                )
+            )
+        )
+    just_submitted = wall_now - record.submitted_at < JUST_SUBMITTED_SECONDS
+    if record.ended_at is not None or beating or passes < MISSING_PASSES_BEFORE_END or just_submitted:
+        return actions
+    actions.append(
+        UpdateJob(
+            job_id=record.job_id,
+            state=JobState.UNKNOWN.value,
+            nodes=tuple(record.nodes),
+            started_at=record.started_at,
+            ended_at=wall_now,
+            exit_code=record.exit_code,
+            slurm_start=record.slurm_start,
+        )
+    )
+    return actions
+
+
+def ensure_a_job(state: ControllerState, wall_now: float) -> list[Action]:
+    """A run that is not stopped always has a job running or queued."""
+    if state.live_jobs():
+        return []
+    intent = state.pending_submit
+    if intent is not None:
+        # A predecessor died mid-submit and this backend cannot list jobs by name: wait until the
+        # job shows up (heartbeats, jobs/) rather than risk a duplicate.
+        if wall_now - intent.time < INTENT_WAIT_SECONDS:
+            return []
+        return [
+            Record(ev.IntentExpired(intent=asdict(intent))),
+            Submit("continue" if state.jobs else "initial"),
+        ]
+    return [Submit("initial" if not state.jobs else "continue")]

@@ -1,4 +1,4 @@
-"""Operator requests policy: kill (graceful or --now) and resume, as actions.
+"""Operator requests policy: kill (graceful or --now), resume and nodes-clear, as actions.
 
 The requests arrive authenticated (requests.py: the file's owner is checked against the
 operators, and audited, before anything here sees it). Rules:
@@ -9,18 +9,22 @@ operators, and audited, before anything here sees it). Rules:
 - a kill withdrawn (the operator's file removed) before the trainer acted: back to supervising.
 - resume: only a stopped run (killed, crash loop, config error) resumes; a finished one does not.
   The crash-loop counter is forgiven and a job is submitted if none is queued.
+- nodes-clear: the named nodes (or all) leave the exclude list, whatever the run's status; the
+  queued jobs get the new list at once (applier), later submissions and restarts use it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from orchestrator.protocol import KILL_REQUEST, RESUME_REQUEST
+from orchestrator.contract import KILL_REQUEST, NODES_CLEAR_REQUEST, RESUME_REQUEST, OperatorRequest
+from orchestrator.contract import events as ev
+from orchestrator.contract.state import ControllerState, RunStatus
 
 from .actions import (
     Action,
     Cancel,
+    ClearExclusions,
     PublishRequest,
     Record,
     ResetProgressCounter,
@@ -29,7 +33,6 @@ from .actions import (
     Submit,
     WithdrawRequest,
 )
-from .state import ControllerState, RunStatus
 
 
 @dataclass(frozen=True)
@@ -38,13 +41,9 @@ class RequestsVerdict:
     end_pass: bool  # the rest of the pass must wait for the next one
 
 
-def _who(request: Any) -> dict[str, Any]:
-    return {"by": getattr(request, "user", None), "reason": getattr(request, "reason", None)}
-
-
 def on_requests(
     state: ControllerState,
-    requests: dict[str, Any],
+    requests: dict[str, OperatorRequest],
     *,
     running_job_id: str | None,
     queued_job_ids: list[str],
@@ -52,15 +51,21 @@ def on_requests(
 ) -> RequestsVerdict:
     kill = requests.get(KILL_REQUEST)
     resume = requests.get(RESUME_REQUEST)
-    actions: list[Action] = []
+    actions: list[Action] = clear_exclusions(requests.get(NODES_CLEAR_REQUEST))
     if resume is not None and kill is None:
         actions.append(WithdrawRequest(RESUME_REQUEST, consumed=True))
         if state.status == RunStatus.FINISHED:
-            actions.append(Record("resume_ignored", {**_who(resume), "why": "the run has finished training"}))
+            actions.append(
+                Record(
+                    ev.ResumeIgnored(
+                        by=resume.user, reason=resume.reason, why="the run has finished training"
+                    )
+                )
+            )
             return RequestsVerdict(actions, False)
         if state.status.stopped:
             actions += [
-                Record("resumed", {**_who(resume), "previous": state.status.value}),
+                Record(ev.Resumed(by=resume.user, reason=resume.reason, previous=state.status.value)),
                 WithdrawRequest(KILL_REQUEST),
                 SetStatus(RunStatus.WAITING),
                 ResetProgressCounter(),
@@ -69,23 +74,27 @@ def on_requests(
                 actions.append(Submit("resume"))
             return RequestsVerdict(actions, True)
         actions.append(
-            Record("resume_ignored", {**_who(resume), "why": f"the run is {state.status.value}, not stopped"})
+            Record(
+                ev.ResumeIgnored(
+                    by=resume.user, reason=resume.reason, why=f"the run is {state.status.value}, not stopped"
+                )
+            )
         )
         return RequestsVerdict(actions, False)
     if kill is None:
         if state.status == RunStatus.KILLING:
             actions += [
-                Record("kill_withdrawn", {}),
+                Record(ev.KillWithdrawn()),
                 WithdrawRequest(KILL_REQUEST),
                 SetStatus(RunStatus.RUNNING if running_job_id else RunStatus.WAITING),
             ]
         return RequestsVerdict(actions, False)
     if state.status.stopped:
         return RequestsVerdict(actions, False)  # already stopped: the audit trail has the request
-    now = bool(getattr(kill, "now", False))
+    now = kill.now
     if state.status != RunStatus.KILLING:
         actions += [
-            Record("kill_requested", {**_who(kill), "now": now}),
+            Record(ev.KillRequested(by=kill.user, reason=kill.reason, now=now)),
             SetStatus(RunStatus.KILLING),
             PublishRequest(kill),
         ]
@@ -99,9 +108,17 @@ def on_requests(
             Stop(
                 RunStatus.KILLED,
                 "kill",
-                f"run stopped by the kill switch: {getattr(kill, 'reason', '')}",
-                {"by": getattr(kill, "user", None)},
+                f"run stopped by the kill switch: {kill.reason}",
+                by=kill.user,
             )
         )
         return RequestsVerdict(actions, True)
     return RequestsVerdict(actions, False)
+
+
+def clear_exclusions(request: OperatorRequest | None) -> list[Action]:
+    """An authenticated nodes-clear (requests.py refused one that names no valid node)."""
+    if request is None:
+        return []
+    nodes = None if request.all_nodes else tuple(request.nodes)
+    return [ClearExclusions(nodes, by=request.user, reason=request.reason)]

@@ -5,10 +5,14 @@ hour ahead must not hide a dead rank), and the login node's wall clock steps wit
 controller never compares a timestamp written by a node with its own clock. Instead it remembers,
 per rank, the last beat it read and the time *on its own monotonic clock* at which
 - the beat last changed (any field the background thread moves: seq, beat_time, pid): liveness;
-- the progress fields last changed (step, progress_time, phase, phase_started): progress.
+- the progress fields last changed (progress_count: the marks done, step, phase, phase_started):
+  progress.
 A rank is dead when its beat has not changed for `dead_after` seconds of that clock, hung when its
-progress has not changed for its phase's timeout. The only price: a controller that starts (or
-restarts) knows nothing yet, so its first verdicts come `dead_after` after it started, never early.
+progress has not changed for its phase's limit (timeouts.py). While a rank's beat is silent its
+progress cannot be seen, so when its beats come back after a pass saw them unchanged for more than
+`silent_after`, its progress timer starts again: a filesystem stall is not counted as time without progress. The only price: a
+controller that starts (or restarts) knows nothing yet, so its first verdicts come `dead_after`
+after it started, never early.
 
 Incarnations: SLURM keeps the job id across a requeue, and a relaunch on a spare inside the job
 (trainer.in_allocation) keeps it too; the old incarnation's heartbeat files stay until the new
@@ -17,51 +21,64 @@ ranks overwrite them. Every beat carries `restart_count` (SLURM_RESTART_COUNT) a
 newer one appears, every rank's memory is dropped and the "job seen running" time starts again, so
 the old beats can neither look dead nor count as progress.
 
-Cost: one dict lookup and two tuple comparisons per rank per pass.
+Cost: one dict lookup per rank per pass, and eight field comparisons for a rank whose beat is a new
+one (the reader hands back the same object for a beat that did not change).
 """
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
-from typing import Any
+from itertools import compress
+
+from orchestrator.contract import Heartbeat
 
 
 @dataclass
 class RankView:
     rank: int
-    beat: dict[str, Any]  # the last beat read (for host, phase, step, extra)
-    beat_key: tuple
-    progress_key: tuple
-    beat_changed: float  # controller monotonic time of the last change of beat_key
-    progress_changed: float  # ... of progress_key
+    beat: Heartbeat  # the last beat read
+    beat_changed: float  # controller monotonic time of the last change of its beat (beat_moved)
+    progress_changed: float  # ... of its progress (progressed)
+    silent: bool = False  # a pass saw its beat unchanged for longer than silent_after
 
 
-def beat_key(beat: dict[str, Any]) -> tuple:
-    return (beat.get("seq"), beat.get("beat_time"), beat.get("pid"), beat.get("process_started"))
+_JOB_ID = operator.attrgetter("job_id")
+_INCARNATION = operator.attrgetter("restart_count", "launch")
 
 
-def progress_key(beat: dict[str, Any]) -> tuple:
-    return (beat.get("step"), beat.get("progress_time"), beat.get("phase"), beat.get("phase_started"))
+def beat_moved(new: Heartbeat, old: Heartbeat) -> bool:
+    """Its beat changed: what the background thread moves (field by field: no tuple a rank a pass)."""
+    return (
+        new.seq != old.seq
+        or new.beat_time != old.beat_time
+        or new.pid != old.pid
+        or new.process_started != old.process_started
+    )
 
 
-def _count(beat: dict[str, Any], name: str) -> int:
-    value = beat.get(name, 0)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _incarnation(beat: dict[str, Any]) -> tuple[int, int]:
-    return (_count(beat, "restart_count"), _count(beat, "launch"))
+def progressed(new: Heartbeat, old: Heartbeat) -> bool:
+    """Its progress changed: a mark made, a step done, a phase begun."""
+    return (
+        new.progress_count != old.progress_count
+        or new.step != old.step
+        or new.phase != old.phase
+        or new.phase_started != old.phase_started
+    )
 
 
 class Liveness:
     """What the controller has seen of the ranks of the job it supervises now."""
 
-    def __init__(self) -> None:
+    def __init__(self, silent_after: float = math.inf) -> None:
+        self.silent_after = silent_after  # timeouts.silent_after(watchdog)
         self.job_id: str | None = None
         self.incarnation: tuple[int, int] = (-1, -1)
         self.min_incarnation: tuple[int, int] = (0, 0)
         self.job_seen_at: float | None = None  # monotonic: first pass that saw this incarnation running
         self.ranks: dict[int, RankView] = {}
+        self.changed: list[RankView] = []  # views whose beat is a new one in the last pass
 
     def reset(self, job_id: str | None) -> None:
         self.job_id = job_id
@@ -79,7 +96,7 @@ class Liveness:
         self.job_seen_at = None
         self.ranks = {}
 
-    def observe(self, beats: list[dict[str, Any]], job_id: str | None, now: float) -> dict[int, RankView]:
+    def observe(self, beats: list[Heartbeat], job_id: str | None, now: float) -> dict[int, RankView]:
         """Fold one pass's beats in; returns the views of the current incarnation's ranks."""
         job_id = None if job_id is None else str(job_id)
         if job_id != self.job_id:
@@ -88,33 +105,41 @@ class Liveness:
             return {}
         if self.job_seen_at is None:
             self.job_seen_at = now
-        mine = [
-            b
-            for b in beats
-            if isinstance(b, dict)
-            and str(b.get("job_id")) == job_id
-            and _incarnation(b) >= self.min_incarnation
-        ]
-        newest = max((_incarnation(b) for b in mine), default=(-1, -1))
+        floor = self.min_incarnation
+        # Sweeps in C (map, compress, max over attrgetter): this runs over every rank every pass.
+        mine = list(compress(beats, map(job_id.__eq__, map(_JOB_ID, beats))))
+        if floor != (0, 0):
+            mine = list(compress(mine, map(floor.__le__, map(_INCARNATION, mine))))
+        newest = max(map(_INCARNATION, mine), default=(-1, -1))
         if newest > self.incarnation:
             if self.ranks:  # a requeue we had not heard of from SLURM: start over
                 self.ranks = {}
                 self.job_seen_at = now
             self.incarnation = newest
+        restarts, launch = self.incarnation
+        ranks = self.ranks
+        changed = self.changed = []
         for beat in mine:
-            if _incarnation(beat) != self.incarnation:
+            if beat.restart_count != restarts or beat.launch != launch:
                 continue
-            rank = beat.get("rank")
-            if not isinstance(rank, int) or isinstance(rank, bool):
+            rank = beat.rank
+            view = ranks.get(rank)
+            if view is not None and view.beat is beat:  # the reader's same object: nothing changed
+                if not view.silent and now - view.beat_changed > self.silent_after:
+                    view.silent = True
                 continue
-            b_key, p_key = beat_key(beat), progress_key(beat)
-            view = self.ranks.get(rank)
             if view is None:
-                self.ranks[rank] = RankView(rank, beat, b_key, p_key, now, now)
+                view = ranks[rank] = RankView(rank, beat, now, now)
+                changed.append(view)
                 continue
-            view.beat = beat
-            if b_key != view.beat_key:
-                view.beat_key, view.beat_changed = b_key, now
-            if p_key != view.progress_key:
-                view.progress_key, view.progress_changed = p_key, now
+            old, view.beat = view.beat, beat
+            changed.append(view)
+            if beat_moved(beat, old):
+                if view.silent:  # back from silence: its progress could not be seen meanwhile
+                    view.progress_changed, view.silent = now, False
+                view.beat_changed = now
+            elif now - view.beat_changed > self.silent_after:
+                view.silent = True  # seen silent by a pass (sparse passes alone are not silence)
+            if progressed(beat, old):
+                view.progress_changed = now
         return self.ranks

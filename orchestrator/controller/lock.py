@@ -21,6 +21,7 @@ import socket
 import time
 from pathlib import Path
 
+from orchestrator.contract import loads_bounded
 from orchestrator.errors import RunBusyError
 
 LOCK_NAME = "controller.lock"
@@ -62,12 +63,18 @@ class ControllerLock:
         self.release()
 
 
-def _read_holder(fd: int) -> str:
+def _holder_record(fd: int) -> dict:
+    """What the holder wrote in the lock file ({} when unreadable or not an object)."""
     try:
-        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        return f"pid {data.get('pid')} on {data.get('host')}"
+        data = loads_bounded(os.pread(fd, 4096, 0) or b"{}")
     except (OSError, ValueError):
-        return "holder unknown"
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _read_holder(fd: int) -> str:
+    data = _holder_record(fd)
+    return f"pid {data.get('pid')} on {data.get('host')}" if data else "holder unknown"
 
 
 def lock_holder(run_dir: Path) -> dict | None:
@@ -81,10 +88,7 @@ def lock_holder(run_dir: Path) -> dict | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            try:
-                return json.loads(os.pread(fd, 4096, 0) or b"{}")
-            except ValueError:
-                return {}
+            return _holder_record(fd)
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:

@@ -9,29 +9,33 @@ to actions. Pure: the supervisor gathers the inputs and applies the actions.
 - At least half of the ranks dead at once (a filesystem stall freezes every heartbeat; a requeue
   leaves old beats): wait one more `dead_after` before acting, in case it clears by itself; then
   restart without blaming any node.
-- While a kill is in progress, ranks that stop responding end the kill (cancel), never a restart.
-- A job that ended: by its outcome (protocol.classify_end): finished, killed and config error stop
+- While a kill is in progress, ranks that stop responding end the kill (cancel), never a restart;
+  while a health pause or rollback stops the job, the same cancel, and health_policy.settle goes on.
+- A job that ended: by its outcome (contract.classify_end): finished, killed and config error stop
   the run, time budget continues the chain, anything else is a failure (restart), blaming the task
-  srun reports as killed by a signal, or every node of a NODE_FAIL.
+  srun reports as killed by a signal, or every node of a NODE_FAIL. While a health pause or
+  rollback stops the run, its end is only recorded (health_policy.settle goes on).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from orchestrator.allocation import Allocation
-from orchestrator.protocol import ExitCode, JobState, Outcome, classify_end
+from orchestrator.contract import (
+    PURPOSEFUL_EXITS,
+    Allocation,
+    Heartbeat,
+    JobState,
+    LaunchEnd,
+    Outcome,
+    classify_end,
+)
+from orchestrator.contract import events as ev
+from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
 
 from .actions import Action, Cancel, DumpStacks, Notify, Record, Stop
 from .detection import Assessment
 from .recovery import Failure
-from .state import ControllerState, JobRecord, RunStatus
-
-# Exit codes that mean the trainer left on purpose (the others are failures).
-PURPOSEFUL_EXITS = frozenset(
-    {ExitCode.FINISHED, ExitCode.KILLED, ExitCode.TIME_BUDGET, ExitCode.CONFIG_ERROR}
-)
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,11 @@ def on_findings(
             ],
             None,
         )
+    if state.status.stopping:  # a health pause or rollback: health_policy.settle goes on once it is gone
+        return RankFailureVerdict(
+            [Cancel((job.job_id,), f"stopped ({state.status.value}; ranks stopped responding while saving)")],
+            None,
+        )
     dead, hung = assessment.dead, assessment.hung
     findings = dead or hung
     if assessment.job_wide and job_wide_for < dead_after:
@@ -73,15 +82,14 @@ def on_findings(
             return RankFailureVerdict(
                 [
                     Record(
-                        "job_wide_stall",
-                        {
-                            "job_id": job.job_id,
-                            "ranks_stalled": len(dead),
-                            "world_size": assessment.world_size,
-                            "waiting_seconds": dead_after,
-                            "why": "most ranks stopped beating at once: a filesystem, network or job problem, not N nodes; "
-                            "waiting before acting in case it clears",
-                        },
+                        ev.JobWideStall(
+                            job_id=job.job_id,
+                            ranks_stalled=len(dead),
+                            world_size=assessment.world_size,
+                            waiting_seconds=dead_after,
+                            why="most ranks stopped beating at once: a filesystem, network or job problem, "
+                            "not N nodes; waiting before acting in case it clears",
+                        )
                     )
                 ],
                 None,
@@ -97,21 +105,23 @@ def on_findings(
     sample = [f.as_dict() for f in findings[:16]]
     actions: list[Action] = [
         Record(
-            "failure",
-            {
-                "job_id": job.job_id,
-                "cause": cause,
-                "failure_time": failure_time,
-                "detection_time": wall_now,
-                "last_step": assessment.max_step,
-                "ranks": sample,
-                "ranks_affected": len(findings),
-            },
+            ev.Failure(
+                job_id=job.job_id,
+                cause=cause,
+                failure_time=failure_time,
+                detection_time=wall_now,
+                last_step=assessment.max_step,
+                ranks=sample,
+                ranks_affected=len(findings),
+                suspects=[f.as_dict() for f in assessment.suspects[:16]] if cause == "hang" else [],
+                suspects_why=(assessment.suspects_why or None) if cause == "hang" else None,
+            )
         ),
         Notify(
             "hang" if cause == "hang" else "failure",
             f"job {job.job_id}: {cause} of {len(findings)} rank(s), e.g. rank {findings[0].rank} "
-            f"on {findings[0].host or '?'}",
+            f"on {findings[0].host or '?'}"
+            + (f"; {_named(assessment)}" if cause == "hang" and assessment.suspects_why else ""),
             {"job_id": job.job_id, "ranks": sample[:8]},
         ),
         DumpStacks(job.job_id),
@@ -129,17 +139,10 @@ def on_findings(
     return RankFailureVerdict(actions, failure)
 
 
-def exit_code_from_beats(job_id: str, beats: list[dict[str, Any]]) -> int | None:
+def exit_code_from_beats(job_id: str, beats: list[Heartbeat]) -> int | None:
     """The trainer's own exit code, from the beats its ranks wrote while exiting (when SLURM
     does not say): a failure wins over a purposeful exit."""
-    codes = []
-    for beat in beats:
-        if str(beat.get("job_id")) != job_id:
-            continue
-        extra = beat.get("extra")
-        code = extra.get("exit_code") if isinstance(extra, dict) else None
-        if isinstance(code, int) and not isinstance(code, bool):
-            codes.append(code)
+    codes = [b.exit_code for b in beats if b.job_id == job_id and b.exit_code is not None]
     if not codes:
         return None
     failures = [c for c in codes if c not in PURPOSEFUL_EXITS]
@@ -151,9 +154,8 @@ def on_job_end(
     record: JobRecord,
     exit_code: int | None,
     *,
-    srun_host: str | None,
-    srun_says: str | None,
-    job_beats: list[dict[str, Any]],
+    launch_end: LaunchEnd | None,
+    job_beats: list[Heartbeat],
     stale_nodes: list[str],
     wall_now: float,
     queued_job_ids: list[str],
@@ -163,13 +165,7 @@ def on_job_end(
     outcome = classify_end(record.state, exit_code)
     actions: list[Action] = [
         Record(
-            "job_ended",
-            {
-                "job_id": record.job_id,
-                "state": record.state,
-                "exit_code": exit_code,
-                "outcome": outcome.value,
-            },
+            ev.JobEnded(job_id=record.job_id, state=record.state, exit_code=exit_code, outcome=outcome.value)
         )
     ]
     queued = tuple(queued_job_ids)
@@ -187,6 +183,10 @@ def on_job_end(
             f"run stopped by the kill switch (job {record.job_id}: {outcome.value})",
             "kill switch",
         )
+    if state.status.stopping:  # a health pause or rollback: health_policy.settle goes on
+        if queued:
+            actions.append(Cancel(queued, f"cancelled ({state.status.value})"))
+        return outcome, actions, None
     if outcome is Outcome.FINISHED:
         return stop(RunStatus.FINISHED, "finish", f"training finished (job {record.job_id})", "run finished")
     if outcome is Outcome.KILLED:
@@ -202,33 +202,30 @@ def on_job_end(
         )
     if outcome is Outcome.TIME_BUDGET:
         actions.append(
-            Record(
-                "continue", {"job_id": record.job_id, "why": "time budget reached with a checkpoint saved"}
-            )
+            Record(ev.Continue(job_id=record.job_id, why="time budget reached with a checkpoint saved"))
         )
         return outcome, actions, None
-    culprits = signalled_culprit(srun_host, srun_says) + list(unhealthy_nodes)
+    culprits = signalled_culprit(launch_end) + list(unhealthy_nodes)
+    srun_host, srun_says = (launch_end.failed_host, launch_end.what) if launch_end else (None, None)
     if record.state == JobState.NODE_FAIL.value:
         # SLURM says a node of the job failed, not which: the one whose ranks stopped beating
         # first (the per-incident cap still applies).
         culprits = list(stale_nodes)
-    steps = [b.get("step") for b in job_beats if isinstance(b.get("step"), int)]
-    last_step = max(steps) if steps else None
+    last_step = max((b.step for b in job_beats), default=None)
     # SLURM's end time (slurmctld's clock, not a compute node's) is when the job failed.
     failure_time = min(record.ended_at or wall_now, wall_now)
     actions.append(
         Record(
-            "failure",
-            {
-                "job_id": record.job_id,
-                "cause": "job_failed",
-                "exit_code": exit_code,
-                "failure_time": failure_time,
-                "detection_time": wall_now,
-                "last_step": last_step,
-                "srun_says": srun_says,
-                "host": srun_host,
-            },
+            ev.Failure(
+                job_id=record.job_id,
+                cause="job_failed",
+                exit_code=exit_code,
+                failure_time=failure_time,
+                detection_time=wall_now,
+                last_step=last_step,
+                srun_says=srun_says,
+                host=srun_host,
+            )
         )
     )
     actions.append(
@@ -253,41 +250,43 @@ def on_job_end(
     )
 
 
-def signalled_culprit(srun_host: str | None, srun_says: str | None) -> list[str]:
+def signalled_culprit(launch_end: LaunchEnd | None) -> list[str]:
     """The node of the task srun reports killed by a signal (OOM killer, a dying node): blamed.
     A task that exited with a code is not blamed: its peers exit too when one dies, and a bug
     fails the same way on every node."""
-    signalled = bool(srun_host and srun_says and ("Killed" in srun_says or "signal" in srun_says.lower()))
-    return [srun_host] if signalled and srun_host else []
+    if launch_end is None or not launch_end.blames_signalled_task or not launch_end.failed_host:
+        return []
+    return [launch_end.failed_host]
 
 
 def on_launch_failed(
     job: JobRecord,
     allocation: Allocation,
     *,
-    srun_host: str | None,
-    srun_says: str | None,
     last_step: int | None,
     wall_now: float,
     failure_time: float,
 ) -> tuple[list[Action], Failure]:
     """A launch inside a job with spares failed and its launcher waits for a decision: the
     failure as on a job end, then recovery decides (relaunch on a spare, or job level)."""
-    culprits = signalled_culprit(srun_host, srun_says)
-    detail = {
-        "job_id": job.job_id,
-        "cause": "launch_failed",
-        "launch": allocation.launch,
-        "exit_code": allocation.exit_code,
-        "failure_time": failure_time,
-        "detection_time": wall_now,
-        "last_step": last_step,
-        "srun_says": srun_says,
-        "host": srun_host,
-        "nodes": allocation.nodes,
-    }
+    culprits = signalled_culprit(allocation.ended)
+    srun_host, srun_says = (
+        (allocation.ended.failed_host, allocation.ended.what) if allocation.ended else (None, None)
+    )
+    detail = ev.Failure(
+        job_id=job.job_id,
+        cause="launch_failed",
+        launch=allocation.launch,
+        exit_code=allocation.exit_code,
+        failure_time=failure_time,
+        detection_time=wall_now,
+        last_step=last_step,
+        srun_says=srun_says,
+        host=srun_host,
+        nodes=allocation.nodes,
+    )
     actions: list[Action] = [
-        Record("failure", detail),
+        Record(detail),
         Notify(
             "failure",
             f"job {job.job_id}: launch {allocation.launch} failed (exit {allocation.exit_code}; "
@@ -305,3 +304,11 @@ def on_launch_failed(
         job_running=True,
     )
     return actions, failure
+
+
+def _named(assessment: Assessment) -> str:
+    """Who a hang's notification names: the ranks behind the others and why, or why nobody."""
+    if not assessment.suspects:
+        return assessment.suspects_why
+    ranks = ", ".join(f"rank {f.rank} on {f.host or '?'}" for f in assessment.suspects[:8])
+    return f"behind: {ranks} ({assessment.suspects_why})"

@@ -10,7 +10,7 @@ Rules:
   job, the filesystem or the network, not the nodes).
 - Lost work: the steps and the seconds since the resume checkpoint was saved, recomputed after
   the restart.
-- Where: inside the running job when it has spares (orchestrator/allocation.py): its launcher
+- Where: inside the running job when it has spares (contract.allocation): its launcher
   leaves out the excluded nodes, takes as many spares and launches again, with no queue wait.
   Otherwise (no launcher, too few spares left, the job gone) at job level: the failed job is
   cancelled if it still runs, and the queued successor or a new job restarts the run.
@@ -21,12 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.allocation import Allocation
+from orchestrator.contract import Allocation, LauncherState
+from orchestrator.contract import events as ev
+from orchestrator.contract.state import ControllerState, RunStatus
 
 from .actions import Action, Cancel, Exclude, Record, Relaunch, Restart, Stop
 from .checkpoints import CheckpointInfo
 from .detection import culprit_nodes
-from .state import ControllerState, RunStatus
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,12 @@ def plan_restart(
     cancel_failed = [Cancel((failure.job_id,), f"failed ({failure.cause})")] if failure.job_running else []
     actions: list[Action] = [
         Record(
-            "checkpoint_corrupt",
-            {
-                "step": info.step,
-                "path": str(info.path),
-                "problem": problem,
-                "action": "skipped (kept on disk for inspection)",
-            },
+            ev.CheckpointCorrupt(
+                step=info.step,
+                path=str(info.path),
+                problem=problem,
+                action="skipped (kept on disk for inspection)",
+            )
         )
         for info, problem in skipped
     ]
@@ -87,13 +87,12 @@ def plan_restart(
     if why_not:
         actions.append(
             Record(
-                "exclusion_capped",
-                {
-                    "job_id": failure.job_id,
-                    "cause": failure.cause,
-                    "nodes": sorted(set(failure.culprits))[:64],
-                    "why": why_not,
-                },
+                ev.ExclusionCapped(
+                    job_id=failure.job_id,
+                    cause=failure.cause,
+                    nodes=sorted(set(failure.culprits))[:64],
+                    why=why_not,
+                )
             )
         )
     if nodes:
@@ -121,7 +120,7 @@ def plan_restart(
         )
         return actions
     if why_not:
-        actions.append(Record("relaunch_not_possible", {"job_id": failure.job_id, "why": why_not}))
+        actions.append(Record(ev.RelaunchNotPossible(job_id=failure.job_id, why=why_not)))
     actions.extend(cancel_failed)
     actions.append(Restart(**common))
     return actions
@@ -132,10 +131,13 @@ def _relaunch_possible(
 ) -> tuple[bool, str]:
     """(True, "") when the failed job's launcher can relaunch on its own spares; else why not
     ("" when the job has no launcher at all: a job without spares)."""
-    if allocation is None or allocation.job_id != failure.job_id:
-        return False, ""
-    if not failure.job_running or allocation.state not in ("running", "waiting_decision"):
-        return False, f"the job's launcher is {allocation.state}, not waiting for a decision"
+    if allocation is None or allocation.job_id != failure.job_id or not allocation.waits_for_decisions:
+        return False, ""  # no launcher record, or one that never waits (a job without spares)
+    if not failure.job_running or allocation.state not in (
+        LauncherState.RUNNING,
+        LauncherState.WAITING_DECISION,
+    ):
+        return False, f"the job's launcher is {allocation.state.value}, not waiting for a decision"
     if len(leave_out) > len(allocation.spares):
         return False, (
             f"{len(leave_out)} node(s) to leave out ({', '.join(leave_out)}), "

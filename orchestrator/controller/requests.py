@@ -3,80 +3,71 @@ allowed to accepted/, where the trainer looks. Called once per pass by the contr
 as the run's owner.
 
     intake = read_requests(paths, cfg.operators, clock)
-    intake.requests   {"kill": OperatorRequest, "resume": ...}: the authenticated requests in
-                      control/ now (a kill stays while its file stays; `runctl resume` removes it)
-    intake.events     dicts for events.jsonl: request_accepted, request_refused, quarantined,
-                      exclude_list_changed (each is said once, on the pass it happened)
-    publish(paths, request)   accepted/<name>, atomically, 0644 in the owner-only accepted/
-    withdraw(paths, name)     remove accepted/<name> (the kill was withdrawn or resumed)
-    consume(paths, name)      remove control/<name> after acting on it (a resume)
+    intake.requests   {"kill": OperatorRequest, "resume": ..., "nodes-clear": ..., "rollback": ...}:
+                      the authenticated requests in control/ now (a kill stays while its file
+                      stays; `runctl resume` removes it; a resume, a nodes-clear or a rollback is
+                      consumed once acted upon)
+    intake.events     events for events.jsonl: request_accepted, request_refused, quarantined
+                      (each is said once, on the pass it happened)
+    consume(paths, name)      remove control/<name> after acting on it (a resume, a nodes-clear,
+                              a rollback)
+Publishing to accepted/ and withdrawing from it are the contract's (contract.requests).
 
-Rules, in the order they are applied to control/kill and control/resume:
+Rules, in the order they are applied to control/kill, control/resume, control/nodes-clear and
+control/rollback:
 - The file is opened with O_NOFOLLOW | O_NONBLOCK and must be a regular file of at most
   MAX_REQUEST_BYTES with one link (a hard link to a file of the owner would otherwise pass as the
   owner's request and leak its first bytes into the audit trail). Anything else is quarantined.
 - Who asked is the opened file's st_uid (fstat), never the JSON's "user". That user must be an
   operator (orchestrator.operators.operator_basis); otherwise the request is refused and the file
   quarantined.
-- The file's content is only the reason and the `now` flag. An empty file (`touch control/kill`),
-  non-JSON, a JSON list, ... is still a request, with reason "(none given)". Reasons are made one
-  printable line (orchestrator.textsafe) and capped.
+- The file's content is only the reason, the `now` flag and, for nodes-clear, the nodes, for a
+  rollback what it asks (contract.RequestBody). An empty file (`touch control/kill`), non-JSON,
+  a JSON list, ... is still a kill or a resume, with reason "(none given)"; a nodes-clear that
+  names no node, or something that is not a SLURM node name, is refused and quarantined, and so
+  is a rollback that does not say what it asks (contract.directive.RollbackAsk: every field
+  checked; the error names the field). Reasons are made one printable line
+  (orchestrator.textsafe) and capped.
 - Every accepted or refused request is written to audit.jsonl here, once: the controller is the
   only writer of the audit trail.
 - Each file is handled once: the fingerprint (device, inode, size, mtime, ctime, uid) of every
   request already handled is kept in accepted/.intake.json, so a request that stays in control/
   is not re-read, re-audited or re-announced on every pass, nor after a controller restart.
-- control/excluded-nodes.json (operators clear nodes there) must be a regular file; a change
-  written by a user other than the owner is audited as `nodes --clear` by that user.
+- control/excluded-nodes.json, where runctl before issue 22 kept the exclude list (group-writable,
+  so never trusted), is quarantined once: the list is now the owner's alone (RunPaths.exclude_list).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import stat
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.operators import User, merge_inbox, operator_basis, quarantine
-from orchestrator.protocol import (
+from orchestrator.contract import (
     KILL_REQUEST,
-    RESUME_REQUEST,
+    NODES_CLEAR_REQUEST,
+    ROLLBACK_REQUEST,
+    DirectiveError,
+    OperatorRequest,
+    RequestBody,
     RunPaths,
     UntrustedFileError,
-    append_jsonl,
-    atomic_write_json,
-    read_untrusted,
 )
+from orchestrator.contract import events as ev
+from orchestrator.contract.audit import AuditRecord, write_audit
+from orchestrator.contract.files import atomic_write_json, loads_bounded, read_untrusted, read_untrusted_json
+from orchestrator.contract.requests import MAX_REQUEST_BYTES, NO_REASON, REQUEST_NAMES
+from orchestrator.operators import User, merge_inbox, operator_basis, quarantine
 from orchestrator.textsafe import cap, for_terminal
-
-REQUEST_NAMES = (KILL_REQUEST, RESUME_REQUEST)
-MAX_REQUEST_BYTES = 4096
-NO_REASON = "(none given)"
-INTAKE_STATE = ".intake.json"  # in accepted/: fingerprints of the requests already handled
-EXCLUDE_FILE = "excluded-nodes.json"  # orchestrator.controller.exclude.EXCLUDE_FILE
-
-
-@dataclass(frozen=True)
-class OperatorRequest:
-    name: str  # "kill" or "resume"
-    user: str  # from the file's st_uid
-    uid: int
-    reason: str  # sanitised, capped
-    now: bool  # kill --now: cancel at once, no checkpoint
-    time: float  # the file's mtime
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
 class RequestIntake:
     requests: dict[str, OperatorRequest] = field(default_factory=dict)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[ev.Event] = field(default_factory=list)
 
 
 def _fingerprint(info: os.stat_result) -> list[int]:
@@ -85,32 +76,29 @@ def _fingerprint(info: os.stat_result) -> list[int]:
 
 def _load_state(paths: RunPaths) -> dict[str, Any]:
     try:
-        data, _ = read_untrusted(paths.accepted / INTAKE_STATE, 1 << 20)
-        state = json.loads(data)
-    except (OSError, UntrustedFileError, ValueError):
+        state, _ = read_untrusted_json(paths.intake_state, 1 << 20)
+    except (OSError, UntrustedFileError):
         return {}
     return state if isinstance(state, dict) else {}
 
 
 def _save_state(paths: RunPaths, state: dict[str, Any]) -> None:
-    atomic_write_json(paths.accepted / INTAKE_STATE, state, mode=0o644)
+    atomic_write_json(paths.intake_state, state, mode=0o644)
 
 
-def _parse(data: bytes) -> tuple[str, bool]:
-    """(reason, now) from a request's bytes; anything unexpected still means the request."""
+def _parse(data: bytes) -> tuple[str, RequestBody]:
+    """(the reason, made printable and capped; the body) from a request's bytes; anything
+    unexpected still means the request."""
     try:
-        body = json.loads(data.decode("utf-8", errors="replace"))
+        body = RequestBody.parse(loads_bounded(data))
     except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        return NO_REASON, False
-    reason = body.get("reason")
-    reason = cap(for_terminal(reason)).strip() if isinstance(reason, str) else ""
-    return reason or NO_REASON, body.get("now") is True
+        body = RequestBody()
+    reason = cap(for_terminal(body.reason)).strip()
+    return reason or NO_REASON, body
 
 
 def _audit(paths: RunPaths, clock: Callable[[], float], **record: Any) -> None:
-    append_jsonl(paths.audit, {"time": clock(), **record})
+    write_audit(paths.audit, AuditRecord(time=clock(), **record))
 
 
 def read_requests(paths: RunPaths, operators: Any, clock: Callable[[], float] = time.time) -> RequestIntake:
@@ -129,18 +117,18 @@ def read_requests(paths: RunPaths, operators: Any, clock: Callable[[], float] = 
         known = state.get(name)
         if isinstance(known, dict) and known.get("fingerprint") == _fingerprint(seen_info):
             if isinstance(known.get("request"), dict):
-                intake.requests[name] = OperatorRequest(**known["request"])
+                intake.requests[name] = OperatorRequest.from_dict(known["request"])
             continue  # handled on an earlier pass (accepted, or refused and left in place)
         # New (or changed) file: judge it now.
         request, handled = _take(paths, operators, name, path, seen_info, intake.events, clock)
         if request is not None:
             intake.requests[name] = request
         if os.path.lexists(path):  # accepted, or refused and not movable: remember it
-            state[name] = {"fingerprint": _fingerprint(handled), "request": request and request.as_dict()}
+            state[name] = {"fingerprint": _fingerprint(handled), "request": request and request.to_dict()}
         else:
             state.pop(name, None)
         changed = True
-    changed |= _watch_exclude_list(paths, operators, state, intake.events, clock)
+    changed |= _retire_legacy_exclude_list(paths, state, intake.events, clock)
     if changed:
         _save_state(paths, state)
     intake.events += merge_inbox(paths, clock)
@@ -153,7 +141,7 @@ def _take(
     name: str,
     path: Path,
     seen_info: os.stat_result,
-    events: list[dict[str, Any]],
+    events: list[ev.Event],
     clock: Callable[[], float],
 ) -> tuple[OperatorRequest | None, os.stat_result]:
     """Authenticate one new request file; audit it; quarantine it when refused. Returns the request
@@ -180,96 +168,87 @@ def _take(
         return None, seen_info
     writer = User.of_uid(info.st_uid)
     basis = operator_basis(operators, paths, writer)
-    reason, now = _parse(data)
-    action = f"{name} --now" if now and name == KILL_REQUEST else name
+    reason, body = _parse(data)
+    now = body.now and name == KILL_REQUEST
+    problem = body.nodes_problem if name == NODES_CLEAR_REQUEST else ""
+    ask, details = None, _nodes_details(name, body)
+    if name == ROLLBACK_REQUEST:
+        try:
+            ask = body.rollback_ask()
+            details = ask.to_dict()
+        except DirectiveError as exc:
+            problem = cap(for_terminal(str(exc)))
+    why_refused = "not an operator of this run" if basis is None else problem
     _audit(
         paths,
         clock,
         user=writer.name,
         uid=writer.uid,
-        action=action,
-        reason=reason,
-        allowed=basis is not None,
+        action=_action_name(name, body),
+        reason=reason if not problem else f"{reason} (refused: {problem})",
+        allowed=not why_refused,
         basis=basis,
         via=f"control/{name}",
+        details=details,
     )
-    if basis is None:
-        events.append(
-            {
-                "event": "request_refused",
-                "request": name,
-                "user": writer.name,
-                "uid": writer.uid,
-                "why": "not an operator of this run",
-            }
-        )
-        events.append(quarantine(paths, path, f"{name} request by non-operator {writer.name}", clock))
+    if why_refused:
+        events.append(ev.RequestRefused(request=name, user=writer.name, uid=writer.uid, why=why_refused))
+        events.append(quarantine(paths, path, f"{name} request by {writer.name}: {why_refused}"[:300], clock))
         return None, info
     request = OperatorRequest(
-        name=name, user=writer.name, uid=writer.uid, reason=reason, now=now, time=info.st_mtime
-    )
+        name=name, user=writer.name, uid=writer.uid, reason=reason, now=now, time=info.st_mtime,
+        nodes=body.nodes if name == NODES_CLEAR_REQUEST else (),
+        all_nodes=body.all_nodes and name == NODES_CLEAR_REQUEST,
+        rollback=ask,
+    )  # fmt: skip
     events.append(
-        {
-            "event": "request_accepted",
-            "request": name,
-            "user": writer.name,
-            "uid": writer.uid,
-            "reason": reason,
-            "now": now,
-            "basis": basis,
-        }
+        ev.RequestAccepted(
+            request=name, user=writer.name, uid=writer.uid, reason=reason, now=now, basis=basis
+        )
     )
     return request, info
 
 
-def _watch_exclude_list(
-    paths: RunPaths,
-    operators: Any,
-    state: dict[str, Any],
-    events: list[dict[str, Any]],
-    clock: Callable[[], float],
+def _action_name(name: str, body: RequestBody) -> str:
+    """The audit trail's name for what was asked, as the CLI spells it."""
+    if name == KILL_REQUEST:
+        return "kill --now" if body.now else "kill"
+    if name == NODES_CLEAR_REQUEST:
+        return "nodes --clear"
+    return name
+
+
+def _nodes_details(name: str, body: RequestBody) -> dict[str, Any]:
+    """The nodes a nodes-clear named, for the audit line (what was refused too, made inert)."""
+    if name != NODES_CLEAR_REQUEST:
+        return {}
+    named = body.nodes or body.bad_nodes
+    return {"nodes": "all" if body.all_nodes else [cap(for_terminal(n), 60) for n in named[:32]]}
+
+
+def _retire_legacy_exclude_list(
+    paths: RunPaths, state: dict[str, Any], events: list[ev.Event], clock: Callable[[], float]
 ) -> bool:
-    """Quarantine a non-regular exclude list; audit a change made by someone other than the owner."""
-    path = paths.control / EXCLUDE_FILE
+    """Quarantine control/excluded-nodes.json (once per file): it was group-writable, so what it
+    says is nobody's word. The exclude list is RunPaths.exclude_list now."""
+    path, key = paths.legacy_exclude_list, "legacy-exclude-list"
     try:
-        info = os.lstat(path)
+        fingerprint = _fingerprint(os.lstat(path))
     except FileNotFoundError:
-        return state.pop(EXCLUDE_FILE, None) is not None
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-        events.append(quarantine(paths, path, "the exclude list must be a regular file of its own", clock))
-        return state.pop(EXCLUDE_FILE, None) is not None
-    fingerprint = _fingerprint(info)
-    if state.get(EXCLUDE_FILE) == fingerprint:
-        return False
-    state[EXCLUDE_FILE] = fingerprint
-    if info.st_uid != os.geteuid():
-        writer = User.of_uid(info.st_uid)
-        basis = operator_basis(operators, paths, writer)
-        _audit(
+        return state.pop(key, None) is not None
+    if state.get(key) == fingerprint:
+        return False  # could not be moved last time: said once
+    events.append(
+        quarantine(
             paths,
+            path,
+            f"the exclude list of runctl before issue 22 (group-writable, not trusted); the list is now "
+            f"{paths.exclude_list.name} in the run directory: re-exclude nodes from the evidence if needed",
             clock,
-            user=writer.name,
-            uid=writer.uid,
-            action="nodes --clear",
-            reason="(exclude list rewritten)",
-            allowed=basis is not None,
-            basis=basis,
-            via=f"control/{EXCLUDE_FILE}",
         )
-        events.append(
-            {"event": "exclude_list_changed", "user": writer.name, "uid": writer.uid, "basis": basis}
-        )
+    )
+    state[key] = fingerprint
     return True
-
-
-def publish(paths: RunPaths, request: OperatorRequest) -> None:
-    """accepted/<name> for the trainer: written by the owner only, atomically, readable by all."""
-    paths.accepted.mkdir(mode=0o755, exist_ok=True)
-    atomic_write_json(paths.accepted_request(request.name), request.as_dict(), mode=0o644)
-
-
-def withdraw(paths: RunPaths, name: str) -> None:
-    paths.accepted_request(name).unlink(missing_ok=True)
 
 
 def consume(paths: RunPaths, name: str) -> None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
 
-from orchestrator.protocol import DUMP_STACKS_REQUEST, FLIGHT_RECORDER_PREFIX, RunPaths, atomic_write_json
+from orchestrator.contract import DUMP_STACKS_REQUEST, RunPaths, atomic_write_json
+from orchestrator.contract import events as ev
+from orchestrator.contract.paths import FLIGHT_RECORDER_PREFIX
 
 
 def _stack_mtimes(paths: RunPaths) -> dict[str, float]:
@@ -50,15 +51,15 @@ def collect_stacks(
     now: float,
     monotonic: Callable[[], float],
     sleep: Callable[[float], None],
-) -> tuple[str, dict[str, Any]]:
+) -> ev.StacksDumped | ev.StacksNotDumped:
     """Ask, wait until `expected` ranks answered or `wait_seconds` passed, and return the event
-    to record: ("stacks_dumped", fields) or ("stacks_not_dumped", fields)."""
+    to record."""
     before = _stack_mtimes(paths)
     request = paths.accepted_request(DUMP_STACKS_REQUEST)
     try:
         atomic_write_json(request, {"time": now, "job_id": job_id, "by": "controller"}, mode=0o644)
     except OSError as exc:
-        return "stacks_not_dumped", {"job_id": job_id, "error": str(exc)}
+        return ev.StacksNotDumped(job_id=job_id, error=str(exc))
 
     def answered() -> list[str]:
         return sorted(name for name, stamp in _stack_mtimes(paths).items() if before.get(name) != stamp)
@@ -70,12 +71,12 @@ def collect_stacks(
         files = answered()
     request.unlink(missing_ok=True)
     recorder = _flight_recorder_dumps(paths, job_id)
-    return "stacks_dumped", {
-        "job_id": job_id,
-        "files": files[:64],
-        "ranks_answered": len(files),
-        "ranks_expected": expected,
-        "directory": str(paths.stacks),
-        "flight_recorder": recorder[:64],
-        "flight_recorder_dumps": len(recorder),
-    }
+    return ev.StacksDumped(
+        job_id=job_id,
+        files=files[:64],
+        ranks_answered=len(files),
+        ranks_expected=expected,
+        directory=str(paths.stacks),
+        flight_recorder=recorder[:64],
+        flight_recorder_dumps=len(recorder),
+    )

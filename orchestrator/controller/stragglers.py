@@ -29,18 +29,22 @@ Cost: O(ranks) per round (48 x 8 ranks: a sort per group), nothing between round
 
 `StragglerWatch.on_pass` is the controller's hook: it turns the changes into actions (an event and
 a notification when a node becomes a straggler, an event when it recovers, an exclusion when
-`watchdog.straggler_exclude`), and keeps the scores in `state.stragglers` for `runctl status`.
+`watchdog.straggler_exclude`), and keeps the scores in `state.stragglers` for `runctl status` (a SetStragglers action).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from statistics import median
 from typing import Any
 
-from .actions import Action, Exclude, Notify, Record
+from orchestrator.contract import Heartbeat, Phase
+from orchestrator.contract import events as ev
+
+from .actions import Action, Exclude, Notify, Record, SetStragglers
 
 MIN_PEERS = 3
 WARMUP_ROUNDS = 2
@@ -209,47 +213,48 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+_JOB_ID = attrgetter("job_id")
+_INCARNATION = attrgetter("restart_count", "launch")
+_PHASE = attrgetter("phase")
+_COMPUTE_STEP = attrgetter("compute_step")
+
+
 def samples_from_beats(
-    beats: list[dict[str, Any]], job_id: str, node_of: Callable[[int, str], str]
+    beats: list[Heartbeat],
+    job_id: str,
+    node_of: Callable[[int, str], str],
+    last_round: tuple[Any, int] | None = None,
 ) -> tuple[Any, list[RankSample]]:
     """(job key, samples) from the running job's beats. The key tells a requeued or relaunched
     incarnation (same job id, higher SLURM_RESTART_COUNT or launch) apart; older incarnations'
-    beats are dropped. No samples
-    unless every rank of the job is in the step phase with a compute time: a round is never made
-    of the ranks that happen to be out of a save or an eval first. Beats are written by the ranks:
-    anything malformed is skipped (and so is the round)."""
-    mine = [b for b in beats if str(b.get("job_id")) == str(job_id)]
-    incarnation = max((_incarnation(b) for b in mine), default=(0, 0))
-    mine = [b for b in mine if _incarnation(b) == incarnation]
-    if any(b.get("phase") != "step" for b in mine):
-        return (str(job_id), incarnation), []
+    beats are dropped. No samples unless every rank of the job is in the step phase with a
+    compute time: a round is never made of the ranks that happen to be out of a save or an eval
+    first. No samples either while the oldest compute step is not past `last_round` (job key,
+    step: StragglerScorer.observe would drop them), so a pass between two steps costs a few
+    C-level sweeps over the beats, not a sample per rank (16,384 of them: ~40 ms a pass).
+    """
+    job_id = str(job_id)
+    mine = list(compress(beats, map(job_id.__eq__, map(_JOB_ID, beats))))
+    incarnation = max(map(_INCARNATION, mine), default=(0, 0))
+    mine = list(compress(mine, map(incarnation.__eq__, map(_INCARNATION, mine))))
+    key = (job_id, incarnation)
+    if any(map(is_not, map(_PHASE, mine), repeat(Phase.STEP))):
+        return key, []
+    steps = list(map(_COMPUTE_STEP, mine))
+    if None in steps:
+        return key, []
+    if last_round is not None and last_round[0] == key and steps and min(steps) <= last_round[1]:
+        return key, []
     samples = []
     for beat in mine:
-        extra = beat.get("extra") if isinstance(beat.get("extra"), dict) else {}
-        seconds, step, rank = extra.get("compute_seconds"), extra.get("compute_step"), beat.get("rank")
-        group = extra.get("compute_group", "")
-        if not _number(seconds) or seconds <= 0 or not _integer(step) or not _integer(rank):
-            return (str(job_id), incarnation), []
-        group = group[:MAX_GROUP_CHARS] if isinstance(group, str) else ""
+        seconds = beat.compute_seconds
+        if seconds is None or seconds <= 0:
+            return key, []
+        group = beat.compute_group[:MAX_GROUP_CHARS]
         samples.append(
-            RankSample(rank, node_of(rank, str(beat.get("host", ""))), step, float(seconds), group)
+            RankSample(beat.rank, node_of(beat.rank, beat.host), beat.compute_step, float(seconds), group)
         )
-    return (str(job_id), incarnation), samples
-
-
-def _incarnation(beat: dict[str, Any]) -> tuple[int, int]:
-    """(SLURM_RESTART_COUNT, relaunch inside the job with a spare node): either starts the steps
-    again from a checkpoint, with new processes."""
-    count, launch = beat.get("restart_count"), beat.get("launch")
-    return (count if _integer(count) else 0, launch if _integer(launch) else 0)
-
-
-def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return key, samples
 
 
 class StragglerWatch:
@@ -260,25 +265,29 @@ class StragglerWatch:
         self.scorer = StragglerScorer(watchdog.straggler_threshold, watchdog.straggler_seconds)
 
     def on_pass(
-        self, state: Any, job: Any, beats: list[dict[str, Any]], now: float, node_of: Callable[..., str]
+        self, state: Any, job: Any, beats: list[Heartbeat], now: float, node_of: Callable[..., str]
     ) -> list[Action]:
-        key, samples = samples_from_beats(beats, job.job_id, lambda rank, host: node_of(rank, host, job))
+        scorer = self.scorer
+        last_round = (scorer.job_key, scorer.last_round_step) if scorer.last_round_step is not None else None
+        key, samples = samples_from_beats(
+            beats, job.job_id, lambda rank, host: node_of(rank, host, job), last_round=last_round
+        )
         if self.scorer.job_key is None:
             self._carry_over(state, job.job_id, key)
         before = self.scorer.rounds, self.scorer.job_key
         changes = self.scorer.observe(key, samples, now)
-        if (self.scorer.rounds, self.scorer.job_key) != before:
-            state.stragglers = {"job_id": job.job_id, **self.scorer.summary()}
         actions: list[Action] = []
+        if (self.scorer.rounds, self.scorer.job_key) != before:
+            actions.append(SetStragglers({"job_id": job.job_id, **self.scorer.summary()}))
         flagged = [n for n, t in self.scorer.nodes.items() if t.straggler]
         for change in changes:
             fields = {"node": change.node, "job_id": job.job_id, **change.details}
             if change.kind == "straggler_recovered":
-                actions.append(Record("straggler_recovered", fields))
+                actions.append(Record(ev.StragglerRecovered(**fields)))
                 continue
             message = (
                 f"node {change.node} is a straggler: compute time {change.details['score']}x "
-                f"(threshold {self.scorer.threshold}) for {change.details['slow_for_seconds']:.0f} s, "
+                f"(threshold {self.scorer.threshold}) for {change.details['slow_for_seconds']:.0f} s, "  # not a beat or event: the scorer's round details
                 f"job {job.job_id} step {change.details['step']}; every rank waits for it. "
                 + (
                     "It will be excluded from the next job."
@@ -286,7 +295,7 @@ class StragglerWatch:
                     else "If it stays slow, have it drained (docs/oncall.md, Stragglers)."
                 )
             )
-            actions += [Record("straggler", fields), Notify("straggler", message, fields)]
+            actions += [Record(ev.Straggler(**fields)), Notify("straggler", message, fields)]
             if self.watchdog.straggler_exclude:
                 actions.append(self._exclusion(change, job.job_id, flagged))
         return actions
@@ -308,17 +317,16 @@ class StragglerWatch:
         cap = self.watchdog.max_excluded_per_incident
         if len(flagged) > cap:
             return Record(
-                "exclusion_capped",
-                {
-                    "job_id": job_id,
-                    "cause": "straggler",
-                    "nodes": sorted(flagged)[:64],
-                    "why": f"{len(flagged)} stragglers at once > max_excluded_per_incident "
+                ev.ExclusionCapped(
+                    job_id=job_id,
+                    cause="straggler",
+                    nodes=sorted(flagged)[:64],
+                    why=f"{len(flagged)} stragglers at once > max_excluded_per_incident "
                     f"({cap}): suspect the job or the network, not the nodes",
-                },
+                )
             )
         reason = (
             f"straggler in job {job_id}: compute {change.details['score']}x its peers/history "
-            f"for {change.details['slow_for_seconds']:.0f} s (step {change.details['step']})"
+            f"for {change.details['slow_for_seconds']:.0f} s (step {change.details['step']})"  # not a beat or event: the scorer's round details
         )
         return Exclude((change.node,), reason, job_id, "straggler")

@@ -1,97 +1,108 @@
-"""Per-phase no-progress timeouts, learned from reported durations, with floors and caps.
+"""Per-phase hang limits, learned per launch from the gaps between the ranks' progress marks.
 
-A rank that beats but does not progress is hung only once it has been stalled longer than the
-timeout of the phase it says it is in. A checkpoint save legitimately stalls progress for minutes,
-a step for seconds: one timeout for both would either miss hangs or kill healthy saves. So each
-phase has its own timeout:
+A step is not atomic: each rank reports the finest units of work it finished (contract.Mark: a
+micro-batch forward or backward, the reduce, the optimizer step, a chunk of a save or a load, an
+eval micro-batch) and, per phase, the longest gap it saw between two of its own marks (waits for
+its peers not counted). A rank that has made no mark for a few times that gap is stuck, however
+long its step or its save takes: a slow step whose micro-batches move is not a hang, a save whose
+bytes move is not one however long it takes, a save whose bytes stop is. So, per phase:
 
-    timeout(phase) = min(CAP_OVER_FLOOR x floor, max(floor, factor x longest duration observed))
+    limit(phase) = min(cap, max(floor[phase], factor x the longest gap any rank of this launch
+                                              reported for the phase))
 
-Where the durations come from, and only from there:
-- step: `extra.step_seconds` of a beat, the duration of the last step(s) between two progress
-  updates with nothing else in between (trainer/heartbeat.py). Never the time between two phase
-  changes: before a save comes a stretch of 100 steps, and counting it as one "step" (10,500 s at
-  BLOOM's 105 s steps) once raised the step timeout to 14.6 h;
-- init, checkpoint, eval: `extra.durations`, the longest completed one of each, per phase.
-A duration that is not a finite positive number is ignored. The cap keeps one outlier (a step
-slowed by a filesystem stall) from switching hang detection off: at most 4x the configured floor.
-Learning is per job: the supervisor starts a new `PhaseTimeouts` for every job it supervises.
+and, while no rank of the launch has reported a gap for the phase (its first seconds; a trainer
+that does not mark), the phase's configured limit (`watchdog.<phase>_timeout_seconds`). The cap
+keeps one outlier from switching hang detection off; every limit is finite. Learning is per launch:
+a new job, a requeue or a relaunch on a spare starts again from nothing (the beats carry each
+process's own longest gaps, so a restarted controller relearns them from its first pass).
+
+A gap that is not a finite positive number, or reported for something that is not a phase, is
+ignored. Cost: one dict lookup per reported phase per rank per pass.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.protocol import Phase
+from orchestrator.contract import Phase
 
-CAP_OVER_FLOOR = 4.0
+from .liveness import RankView
 
-# Exiting saves a final checkpoint when killed or at the time budget: same allowance as a save.
-_FLOOR_FIELD = {
-    Phase.INIT.value: "init_timeout_seconds",
-    Phase.STEP.value: "step_timeout_seconds",
-    Phase.CHECKPOINT.value: "checkpoint_timeout_seconds",
-    Phase.EVAL.value: "eval_timeout_seconds",
-    Phase.EXITING.value: "checkpoint_timeout_seconds",
+# Exiting saves a final checkpoint when killed or at the time budget: the allowance of a save.
+_PHASE_KEY = {
+    Phase.INIT.value: "init",
+    Phase.STEP.value: "step",
+    Phase.CHECKPOINT.value: "checkpoint",
+    Phase.EVAL.value: "eval",
+    Phase.EXITING.value: "checkpoint",
 }
 
 
 @dataclass
 class PhaseTimeouts:
-    floors: dict[str, float]
+    floors: dict[str, float]  # per phase: learned limits never go below
+    unlearned: dict[str, float]  # per phase: the limit until a gap of that phase is reported
     factor: float
-    observed_max: dict[str, float] = field(default_factory=dict)
+    cap: float
+    longest_gap: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def from_watchdog(cls, watchdog: Any, observed: dict[str, float] | None = None) -> PhaseTimeouts:
-        floors = {phase: float(getattr(watchdog, name)) for phase, name in _FLOOR_FIELD.items()}
-        timeouts = cls(floors=floors, factor=float(watchdog.timeout_factor))
-        for phase, seconds in (observed or {}).items():
-            timeouts.observe(phase, seconds)
-        return timeouts
+    def from_watchdog(cls, watchdog: Any) -> PhaseTimeouts:
+        floors = watchdog.progress_floor_seconds
+        return cls(
+            floors={phase: float(getattr(floors, key)) for phase, key in _PHASE_KEY.items()},
+            unlearned={
+                phase: float(getattr(watchdog, f"{key}_timeout_seconds")) for phase, key in _PHASE_KEY.items()
+            },
+            factor=float(watchdog.progress_factor),
+            cap=float(watchdog.progress_cap_seconds),
+        )
 
     def timeout(self, phase: str) -> float:
-        floor = self.floors.get(phase, self.floors[Phase.STEP.value])
-        learned = self.factor * self.observed_max.get(phase, 0.0)
-        return min(CAP_OVER_FLOOR * floor, max(floor, learned))
+        if phase not in self.floors:
+            phase = Phase.STEP.value
+        gap = self.longest_gap.get(phase)
+        if gap is None:
+            return self.unlearned[phase]
+        return min(self.cap, max(self.floors[phase], self.factor * gap))
 
-    def observe(self, phase: str, seconds: Any) -> bool:
-        """Record one completed phase; True when it raised that phase's learned maximum."""
+    def observe(self, phase: Any, seconds: Any) -> bool:
+        """One reported gap; True when it is the longest of its phase so far."""
         if phase not in self.floors or isinstance(seconds, bool):
             return False
         try:
             value = float(seconds)
         except (TypeError, ValueError):
             return False
-        if not math.isfinite(value) or value <= 0:
+        if not math.isfinite(value) or value <= 0 or value <= self.longest_gap.get(phase, 0.0):
             return False
-        if value > self.observed_max.get(phase, 0.0):
-            self.observed_max[phase] = value
-            return True
-        return False
+        self.longest_gap[phase] = value
+        return True
+
+    def learn(self, views: Iterable[RankView]) -> None:
+        """Fold in the longest gaps the current launch's ranks report (all of them: a gap comes
+        from work done, never from a rank that is stuck now). `views`: those whose beat changed
+        since the last pass (Liveness.changed) is enough."""
+        longest = self.longest_gap
+        for view in views:
+            gaps = view.beat.mark_gaps
+            if gaps:
+                for phase, seconds in gaps.items():
+                    if seconds > longest.get(phase, 0.0):
+                        self.observe(phase, seconds)
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "observed_max": dict(self.observed_max),
+            "longest_gap": dict(self.longest_gap),
             "timeouts": {phase: round(self.timeout(phase), 3) for phase in self.floors},
         }
 
 
-def learn_from_beat(timeouts: PhaseTimeouts, beat: dict[str, Any] | None) -> list[str]:
-    """Update the learned maxima from what one beat reports; returns the phases that grew."""
-    if not beat:
-        return []
-    extra = beat.get("extra")
-    if not isinstance(extra, dict):
-        return []
-    grown: list[str] = []
-    if timeouts.observe(Phase.STEP.value, extra.get("step_seconds")):
-        grown.append(Phase.STEP.value)
-    durations = extra.get("durations")
-    if isinstance(durations, dict):
-        for phase, seconds in durations.items():
-            if phase != Phase.STEP.value and timeouts.observe(str(phase), seconds):
-                grown.append(str(phase))
-    return grown
+def silent_after(watchdog: Any) -> float:
+    """How long a beat may stay unchanged before the rank counts as silent: no hang verdict on it
+    then (its progress cannot be seen; dead_after decides), and its progress timer starts again
+    when its beats come back. Two beats and two passes: one late beat is not silence."""
+    return min(watchdog.dead_after_seconds, 2 * (watchdog.heartbeat_seconds + watchdog.poll_seconds))

@@ -2,7 +2,7 @@
 
 Two backends implement it: real SLURM (`sbatch`/`squeue`/`scontrol`/`scancel`/`sacct` on PATH or
 with SLURM_CONF) and the mocked SLURM (a state file, no daemons). SLURM's states map to ours in one
-table (`job_state_from_slurm`) onto the contract's `orchestrator.protocol.JobState`.
+table (`job_state_from_slurm`) onto the contract's `orchestrator.contract.JobState`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.protocol import TERMINAL_JOB_STATES, JobState  # noqa: F401 - re-exported
+from orchestrator.contract import TERMINAL_JOB_STATES, JobState  # noqa: F401 - re-exported
 
 
 def job_state_from_slurm(slurm_state: str) -> JobState:
@@ -70,6 +70,64 @@ class JobInfo:
     submit_time: float | None = None
 
 
+# SLURM's node states and flags (`scontrol show node`: State=IDLE+DRAIN, or --json's
+# state/state_flags) that take a node out of the schedulable pool, in one place:
+NODE_STATES_DOWN = frozenset(
+    {
+        "DOWN",
+        "FAIL",
+        "FAILING",
+        "FUTURE",
+        "UNKNOWN",
+        "NOT_RESPONDING",
+        "POWERED_DOWN",
+        "POWER_DOWN",
+        "POWERING_DOWN",
+        "REBOOT_REQUESTED",
+        "REBOOT_ISSUED",
+        "INVAL",
+    }
+)
+NODE_STATES_DRAINED = frozenset({"DRAIN", "DRAINED", "DRAINING"})
+NODE_STATES_RESERVED = frozenset({"RESERVED", "MAINT", "MAINTENANCE"})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as SLURM sees it: its state words (`IDLE+DRAIN` -> {"IDLE", "DRAIN"}), why an
+    admin or slurmctld set it so, and its partitions (empty: not said)."""
+
+    name: str
+    states: frozenset[str]
+    reason: str = ""
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def state(self) -> str:
+        return "+".join(sorted(self.states)) or "?"
+
+    @property
+    def down(self) -> bool:
+        return bool(self.states & NODE_STATES_DOWN)
+
+    @property
+    def drained(self) -> bool:
+        return bool(self.states & NODE_STATES_DRAINED)
+
+    @property
+    def reserved(self) -> bool:
+        return bool(self.states & NODE_STATES_RESERVED)
+
+    @property
+    def slurm_took_it(self) -> bool:
+        """SLURM already keeps new jobs off it (down or drained): SLURM's problem, not an exclusion."""
+        return self.down or self.drained
+
+    @property
+    def schedulable(self) -> bool:
+        return not (self.down or self.drained or self.reserved)
+
+
 @dataclass
 class SubmitRequest:
     script: Path  # the rendered batch script
@@ -114,3 +172,11 @@ class Scheduler(Protocol):
 
     def update_exclude(self, job_ids: list[str], exclude: list[str]) -> None:
         """Change the excluded nodes of pending jobs (scontrol update ExcNodeList=...)."""
+
+    def jobs_by_name(self, name: str) -> dict[str, JobInfo]:
+        """The jobs the scheduler lists under `name` (a controller that died between sbatch and
+        recording the id finds its job this way)."""
+
+    def nodes(self) -> dict[str, NodeInfo]:
+        """Every node SLURM knows, with its state and reason (`scontrol show node`); {} when the
+        backend cannot tell (then nothing is judged by node state)."""

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .base import JobInfo, JobState, SubmitRequest, job_state_from_slurm, sbatch_argv
+from .base import JobInfo, JobState, NodeInfo, SubmitRequest, job_state_from_slurm, sbatch_argv
 from .hostlist import expand_hostlist
 from .mock_core import (  # noqa: F401 - the mock's public names, re-exported
     DEFAULT_SCENARIO,
@@ -83,6 +83,10 @@ class MockScheduler:
             )
             for j in job_ids
         }
+
+    def nodes(self) -> dict[str, NodeInfo]:
+        """The mock has no nodes to speak of: nothing is judged by node state."""
+        return {}
 
     def jobs_by_name(self, name: str) -> dict[str, JobInfo]:
         self.slurm.record_command(["squeue", "--json"])

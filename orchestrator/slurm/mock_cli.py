@@ -241,10 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     slurm = ExecutingMockSlurm()
     slurm.record_command([command, *rest])
     try:
-        return COMMANDS[command](slurm, rest)
+        code = COMMANDS[command](slurm, rest)
+        sys.stdout.flush()
+        return code
     except SchedulerError as exc:
         print(str(exc), file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader left early (`scontrol show hostnames ... | head -n 1` in every job script).
+        # SLURM's tools die of SIGPIPE there without a word; do the same, with no traceback into
+        # the job's log, and keep Python's exit-time flush from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
 
 
 if __name__ == "__main__":

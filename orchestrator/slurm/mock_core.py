@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract import append_jsonl, atomic_write_json, read_json, read_jsonl
 from orchestrator.errors import SchedulerError
-from orchestrator.protocol import append_jsonl, atomic_write_json, read_json, read_jsonl
 
 from .base import job_state_from_slurm
 from .hostlist import compress_hostlist

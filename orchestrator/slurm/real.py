@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 from orchestrator.errors import SchedulerError
 
-from .base import JobInfo, JobState, SubmitRequest, job_state_from_slurm, sbatch_argv
+from .base import JobInfo, JobState, NodeInfo, SubmitRequest, job_state_from_slurm, sbatch_argv
 from .hostlist import expand_hostlist
+from .node_query import nodes_from_json, nodes_from_text, squeue_records
 
 # scontrol hold reasons that mean "held", whatever the job state says.
 HELD_REASONS = {"JobHeldUser", "JobHeldAdmin"}
@@ -109,13 +110,8 @@ class SlurmScheduler:
         # (finished ones for MinJobAge seconds): filter here.
         args = ["squeue", "--json"]
         proc = self._run(args)
-        try:
-            data = json.loads(proc.stdout)
-            records = data["jobs"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise SchedulerError(f"cannot parse squeue's JSON:\n{_show(args, proc)[:4000]}") from None
         out: dict[str, JobInfo] = {}
-        for record in records:
+        for record in squeue_records(proc.stdout, lambda: _show(args, proc)):
             try:
                 info = self._job_from_json(record)
             except (KeyError, TypeError, ValueError) as exc:
@@ -125,6 +121,16 @@ class SlurmScheduler:
             if wanted is None or info.job_id in wanted:
                 out[info.job_id] = info
         return out
+
+    def nodes(self) -> dict[str, NodeInfo]:
+        """`scontrol show node --json` where this SLURM has it, else its one-line text form."""
+        args = ["scontrol", "show", "node", "--json"]
+        proc = self._run(args, check=False)
+        if proc.returncode == 0 and proc.stdout.lstrip().startswith("{"):
+            return nodes_from_json(proc.stdout, lambda: _show(args, proc))
+        args = ["scontrol", "show", "node", "-o"]
+        proc = self._run(args)
+        return nodes_from_text(proc.stdout)
 
     @staticmethod
     def _job_from_json(record: dict) -> JobInfo:

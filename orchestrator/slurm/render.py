@@ -14,6 +14,7 @@ comment ends at a newline too).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -25,6 +26,9 @@ import jinja2
 
 from orchestrator.config import ConfigError, RunConfig
 from orchestrator.config.schema import ENV_NAME, SAFE_WORD, SLURM_NODE_NAME
+from orchestrator.contract import RunPaths
+from orchestrator.launcher.srun_lines import Layout, health_argv, launch_argv, standby_argv
+from orchestrator.textsafe import for_terminal
 
 TEMPLATE_NAME = "train.sbatch.j2"
 # Characters sbatch takes literally on an #SBATCH line: no space, quote, `$`, `;`, backslash.
@@ -42,6 +46,15 @@ def template_dir() -> Path:
         return checkout
     # A non-editable install ships them as data files under <prefix>/share/bloomctl/ (setup.cfg).
     return Path(sys.prefix) / "share" / "bloomctl" / "sbatch_templates"
+
+
+def run_job_name(config_name: str, run_dir: str | os.PathLike[str]) -> str:
+    """The name of every job of one run: the config's name and a short hash of the (absolute) run
+    directory. SLURM's `--dependency=singleton` is per job name and user, so the jobs of one run
+    never overlap, and two runs made from one config (two run directories) never wait for each
+    other. The hash keeps the name a safe #SBATCH word whatever the path holds."""
+    digest = hashlib.sha256(os.fspath(run_dir).encode()).hexdigest()[:6]
+    return f"{config_name}-{digest}"
 
 
 def _fail(what: str, value: object, allowed: str) -> ConfigError:
@@ -69,6 +82,12 @@ def env_name(value: object) -> str:
     return text
 
 
+def comment_line(value: object) -> str:
+    """Text for a comment line of the script: control characters shown as escapes, so that it
+    stays one line (a newline would end the comment and start a shell line)."""
+    return for_terminal(value)
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir())),
@@ -76,7 +95,9 @@ def _environment() -> jinja2.Environment:
         autoescape=False,  # noqa: S701 - a shell script, not HTML: values are shquote'd instead
         keep_trailing_newline=True,
     )
-    env.filters.update(sbatch_value=sbatch_value, shquote=shquote, env_name=env_name)
+    env.filters.update(
+        sbatch_value=sbatch_value, shquote=shquote, env_name=env_name, comment_line=comment_line
+    )
     return env
 
 
@@ -91,7 +112,8 @@ def render_sbatch(
 ) -> str:
     """The batch script for one job of the run in `run_dir` (absolute; not created here).
 
-    job_name: default the config's name (the singleton dependency is per name and user).
+    job_name: default `run_job_name(cfg.name, run_dir)` (the singleton dependency is per name and
+    user: per run).
     exclude: nodes to avoid (the controller passes nodes it found bad).
     command: the program srun starts on every rank; default `<cluster.python> -m trainer RUN_DIR`.
     dependency: "singleton" by default, so two jobs of one run never overlap; None to drop it.
@@ -104,7 +126,7 @@ def render_sbatch(
         problems.append(
             f"run directory {run_dir!r} contains characters not allowed in a job script (allowed: {SBATCH_VALUE.pattern})"
         )
-    name = job_name or cfg.name
+    name = job_name or run_job_name(cfg.name, run_dir)
     if not re.fullmatch(SAFE_WORD, name):
         problems.append(f"job name {name!r} contains characters that are not allowed (allowed: {SAFE_WORD})")
     for node in exclude:
@@ -113,10 +135,9 @@ def render_sbatch(
     if problems:
         raise ConfigError("sbatch", problems)
     c = cfg.cluster
-    argv = list(command) if command is not None else [c.python, "-m", "trainer", run_dir]
+    argv = list(command) if command is not None else trainer_argv(cfg, run_dir)
     if not argv:
         raise ConfigError("sbatch", ["command must not be empty"])
-    health = cfg.health_check  # runs under the in-allocation launcher (jobs with spares)
     return (
         _environment()
         .get_template(TEMPLATE_NAME)
@@ -142,12 +163,66 @@ def render_sbatch(
             tp=cfg.parallel.tp,
             pp=cfg.parallel.pp,
             dp=cfg.dp,
-            srun_wait=SRUN_WAIT_SECONDS,
-            command=argv,
             spare_nodes=c.spare_nodes,
-            launcher_python=c.python,
             decision_seconds=int(cfg.watchdog.relaunch_decision_seconds),
-            health_check=health.enabled,
-            health_seconds=int(health.timeout_seconds),
+            setup=[list(words) for words in c.setup],
+            launcher_argv=launcher_argv(cfg, run_dir, argv),
+            srun_lines=srun_preview(cfg, run_dir, argv),
         )
     )
+
+
+def trainer_argv(cfg: RunConfig, run_dir: str) -> list[str]:
+    """What every rank runs: `<cluster.python> -m trainer RUN_DIR`."""
+    return [cfg.cluster.python, "-m", "trainer", str(run_dir)]
+
+
+def _layout(cfg: RunConfig) -> Layout:
+    c = cfg.cluster
+    return Layout(c.nodes, c.gpus_per_node, c.cpus_per_task, SRUN_WAIT_SECONDS)
+
+
+def _health(cfg: RunConfig) -> bool:
+    """The health check runs before the first launch in a job with spares: a failing node is then
+    replaced by a spare. Without spares it could only end the job, as the launch would."""
+    return cfg.health_check.enabled and cfg.cluster.spare_nodes > 0
+
+
+def launcher_argv(cfg: RunConfig, run_dir: str, command: Sequence[str]) -> list[str]:
+    """What the job script execs: the launcher, with the layout and the trainer command."""
+    layout = _layout(cfg)
+    decision = int(cfg.watchdog.relaunch_decision_seconds) if cfg.cluster.spare_nodes else 0
+    argv = [
+        cfg.cluster.python, "-m", "orchestrator.launcher", "--run-dir", run_dir,
+        "--nodes", str(layout.nodes), "--tasks-per-node", str(layout.tasks_per_node),
+        "--cpus-per-task", str(layout.cpus_per_task), "--srun-wait", str(layout.srun_wait),
+        "--decision-seconds", str(decision),
+    ]  # fmt: skip
+    if _health(cfg):
+        argv += ["--health", "--health-seconds", str(int(cfg.health_check.timeout_seconds))]
+    return [*argv, "--", *command]
+
+
+def srun_preview(cfg: RunConfig, run_dir: str, command: Sequence[str]) -> list[str]:
+    """The srun command lines the launcher will run, as shell text, with the nodes SLURM has not
+    allocated yet as placeholders (the launcher's own builders: contract of what runs)."""
+    layout = _layout(cfg)
+    c = cfg.cluster
+    total = c.nodes + c.spare_nodes
+    allocated = f"<all {total} nodes of the job>"
+    chosen = f"<{c.nodes} healthy nodes of the {total}>" if c.spare_nodes else allocated
+    python = command[0]
+    job_dir = str(RunPaths.of(run_dir).job_dir("<job id>"))
+    lines = []
+    if _health(cfg):
+        lines.append(_with_nodes(health_argv(["?"] * total, python, run_dir, job_dir), allocated))
+    lines.append(_with_nodes(launch_argv(layout, 0, ["?"] * c.nodes, command), chosen))
+    if c.spare_nodes and command[1:3] == ["-m", "trainer"]:
+        go = str(RunPaths.of(run_dir).standby_go("<job id>", 1))
+        lines.append(_with_nodes(standby_argv(layout, 1, ["?"] * total, python, go, command), allocated))
+    return [" ".join(shlex.quote(word) for word in argv) for argv in lines]
+
+
+def _with_nodes(argv: list[str], placeholder: str) -> list[str]:
+    """The line with the node list SLURM will allocate shown as a placeholder."""
+    return [f"--nodelist={placeholder}" if word.startswith("--nodelist=") else word for word in argv]

@@ -15,6 +15,7 @@ from fakes import FakeScheduler, fake_submitter, make_config  # noqa: E402
 
 from orchestrator.config import dump_config  # noqa: E402
 from orchestrator.controller import Controller  # noqa: E402
+from orchestrator.slurm.render import run_job_name  # noqa: E402
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def run_env(tmp_path):
         env = {"FAKE_STEPS": "20", "FAKE_STEP_SECONDS": "0.05", "FAKE_CKPT_EVERY": "5", "FAKE_BEAT": "0.1",
                "OMP_NUM_THREADS": "1", **(trainer_env or {})}
         scheduler = FakeScheduler(run_dir, cfg.world_size, env=env)
-        controller = Controller(run_dir, cfg, scheduler, submitter=fake_submitter(scheduler, cfg.name),
+        controller = Controller(run_dir, cfg, scheduler, submitter=fake_submitter(scheduler, run_job_name(cfg.name, run_dir.resolve())),
                                 stack_wait_seconds=stack_wait)
         made.append((scheduler, controller))
         return cfg, scheduler, controller

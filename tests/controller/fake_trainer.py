@@ -32,15 +32,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from orchestrator.controller.checkpoints import resume_point  # noqa: E402
-from orchestrator.protocol import (  # noqa: E402
+from orchestrator.contract import (  # noqa: E402
     ExitCode,
     Heartbeat,
+    Manifest,
+    Phase,
     RunPaths,
-    append_jsonl,
-    atomic_write_json,
+    StepMetrics,
     atomic_write_text,
+    read_heartbeats,
 )
+from orchestrator.contract.manifest import DamageReport, FileEntry, report_damage, write_manifest  # noqa: E402
+from orchestrator.contract.metrics import append_metrics  # noqa: E402
+from orchestrator.controller.checkpoints import resume_point  # noqa: E402
 
 
 def env_int(name: str, default: int) -> int:
@@ -72,7 +76,7 @@ class Rank:
         self.ckpt_seconds = float(os.environ.get("FAKE_CKPT_SECONDS", "0.1"))
         self.beat_every = float(os.environ.get("FAKE_BEAT", "0.1"))
         now = time.time()
-        self.hb = Heartbeat(self.rank, self.world, self.host, self.job_id, os.getpid(), 0, "init", now, now, now)
+        self.hb = Heartbeat(self.rank, self.world, self.host, self.job_id, os.getpid(), 0, Phase.INIT, now, now, now)
         self.lock = threading.Lock()
         self.paths.heartbeats.mkdir(parents=True, exist_ok=True)
 
@@ -92,37 +96,37 @@ class Rank:
                 atomic_write_text(out, text)
             time.sleep(self.beat_every)
 
-    def set_phase(self, phase: str, step: int | None = None, progressed: bool = False) -> None:
+    def set_phase(self, phase: Phase, step: int | None = None, progressed: bool = False) -> None:
         with self.lock:
             now = time.time()
             if phase != self.hb.phase:
                 # Like trainer.heartbeat: report the longest init/checkpoint/eval so far.
-                if self.hb.phase in ("init", "checkpoint", "eval"):
-                    durations = self.hb.extra.setdefault("durations", {})
-                    durations[self.hb.phase] = max(durations.get(self.hb.phase, 0.0), now - self.hb.phase_started)
+                if self.hb.phase in (Phase.INIT, Phase.CHECKPOINT, Phase.EVAL):
+                    done = self.hb.phase.value
+                    durations = self.hb.durations
+                    durations[done] = max(durations.get(done, 0.0), now - self.hb.phase_started)
                 self.hb.phase_started = now
             self.hb.phase = phase
             if step is not None:
                 self.hb.step = step
             if progressed:
-                if phase == "step" and self.hb.phase_started < self.hb.progress_time:
-                    self.hb.extra["step_seconds"] = now - self.hb.progress_time  # like trainer.heartbeat
+                if phase is Phase.STEP and self.hb.phase_started < self.hb.progress_time:
+                    self.hb.step_seconds = now - self.hb.progress_time  # like trainer.heartbeat
                 self.hb.progress_time = now
             self.hb.seq += 1
             atomic_write_text(self.paths.heartbeat(self.rank), self.hb.to_json())
 
     # checkpoints ------------------------------------------------------------------------------
     def save(self, step: int) -> None:
-        self.set_phase("checkpoint", step)
+        self.set_phase(Phase.CHECKPOINT, step)
         time.sleep(self.ckpt_seconds)
         if self.rank == 0:
             directory = self.paths.checkpoint(step)
             directory.mkdir(parents=True, exist_ok=True)
             data = json.dumps({"step": step}).encode()
             (directory / "state.json").write_bytes(data)
-            manifest = {"step": step, "files": {"state.json": {"size": len(data),
-                                                               "sha256": hashlib.sha256(data).hexdigest()}}}
-            atomic_write_json(directory / "MANIFEST.json", manifest)
+            entry = FileEntry(len(data), hashlib.sha256(data).hexdigest())
+            write_manifest(directory, Manifest(files={"state.json": entry}, step=step))
             atomic_write_text(self.paths.latest, directory.name)
 
     def resume_step(self) -> int:
@@ -130,23 +134,14 @@ class Rank:
         info, skipped = resume_point(self.paths.checkpoints, check_hashes=True)
         if self.rank == 0:
             for bad, problem in skipped:
-                append_jsonl(self.paths.damaged, {"checkpoint": bad.path.name, "problems": [problem],
-                                                  "time": time.time(), "job_id": self.job_id})
+                report_damage(self.paths.checkpoints, DamageReport(bad.path.name, [problem], self.job_id, time.time()))
         return info.step if info else 0
 
     def wait_for_peers(self, step: int) -> None:
         """A stand-in for the step's collective: no rank finishes step+1 before every rank has
         finished `step`. A rank that died or hangs leaves the others here, beating, not progressing."""
         while True:
-            steps = []
-            for rank in range(self.world):
-                try:
-                    beat = json.loads(self.paths.heartbeat(rank).read_text())
-                except (OSError, ValueError):
-                    break
-                if beat.get("job_id") != self.job_id:
-                    break
-                steps.append(beat["step"])
+            steps = [b.step for b in read_heartbeats(self.paths.heartbeats) if b.job_id == self.job_id]
             if len(steps) == self.world and min(steps) >= step:
                 return
             time.sleep(0.01)
@@ -155,13 +150,13 @@ class Rank:
     def main(self) -> int:
         threading.Thread(target=self.beat_forever, daemon=True).start()
         step = self.resume_step()
-        self.hb.extra["resumed_from"] = step  # like trainer.loop: the step this job resumed from
-        self.set_phase("step", step, progressed=True)
+        self.hb.resumed_from = step  # like trainer.loop: the step this job resumed from
+        self.set_phase(Phase.STEP, step, progressed=True)
         crash, hang, stop = fault("FAKE_CRASH_AT"), fault("FAKE_HANG_AT"), fault("FAKE_STOP_AT")
         while step < self.total:
             if self.paths.accepted_request("kill").exists():
                 self.save(step)
-                self.set_phase("exiting", step)
+                self.set_phase(Phase.EXITING, step)
                 return ExitCode.KILLED
             if crash == (step, self.rank):
                 return 1
@@ -173,16 +168,17 @@ class Rank:
             time.sleep(self.step_seconds)
             self.wait_for_peers(step)
             step += 1
-            self.set_phase("step", step, progressed=True)
+            self.set_phase(Phase.STEP, step, progressed=True)
             if self.rank == 0:
-                append_jsonl(self.paths.metrics, {"step": step, "loss": loss_at(step), "time": time.time(),
-                                                   "job_id": self.job_id, "tokens_per_s": 1000.0, "tflops": 1.5,
-                                                   "step_seconds": self.step_seconds})
+                append_metrics(self.paths.metrics, StepMetrics(
+                    step=step, loss=loss_at(step), time=time.time(), job_id=self.job_id, tokens_per_s=1000.0,
+                    tflops_per_gpu=1.5, step_seconds=self.step_seconds,
+                ))  # fmt: skip
             if step % self.ckpt_every == 0 and step < self.total:
                 self.save(step)
-                self.set_phase("step", step)
+                self.set_phase(Phase.STEP, step)
         self.save(step)
-        self.set_phase("exiting", step)
+        self.set_phase(Phase.EXITING, step)
         return ExitCode.FINISHED
 
 

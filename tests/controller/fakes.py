@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from orchestrator.config import parse_config
-from orchestrator.controller.state import RunStatus
+from orchestrator.contract.state import RunStatus
 from orchestrator.slurm.base import JobInfo, JobState, SubmitRequest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def make_config(**overrides: Any):
     data["watchdog"].update(
         heartbeat_seconds=0.1, poll_seconds=0.1, dead_after_seconds=1.5, init_timeout_seconds=20,
         step_timeout_seconds=3.0, checkpoint_timeout_seconds=6.0, eval_timeout_seconds=6.0,
-        timeout_factor=3, max_restarts_without_progress=3,
+        max_restarts_without_progress=3,
     )
     data["operators"] = {"group": None, "users": []}
     data["notifications"] = {"webhook": None, "email": None}
@@ -190,6 +190,7 @@ class FakeScheduler:
 
 
 def fake_submitter(scheduler: FakeScheduler, job_name: str):
+    """Submits under `job_name`: the run's (orchestrator.slurm.render.run_job_name), as runctl does."""
     def submit(exclude: list[str], reason: str) -> str:
         return scheduler.submit(SubmitRequest(script=Path("/dev/null"), job_name=job_name,
                                               dependency="singleton", exclude=exclude))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
@@ -14,10 +15,11 @@ from pathlib import Path
 import pytest
 from fakes import REPO, supervise
 
+from orchestrator.contract import RunPaths
 from orchestrator.controller.exclude import add_excluded, excluded_nodes
-from orchestrator.dashboard import dashboard_data, render_dashboard
-from orchestrator.protocol import RunPaths
+from orchestrator.dashboard import dashboard_data, status_data
 from orchestrator.report import write_report
+from orchestrator.status_screen import render_status
 
 
 def runctl(*args: str, env: dict, check: bool = True) -> subprocess.CompletedProcess:
@@ -73,21 +75,54 @@ def test_nodes_kill_resume_and_audit_through_the_cli(mock_run):
     add_excluded(paths, ["node03", "node07"], reason="dead_rank in job 1", by="controller")
     listing = runctl("nodes", str(run_dir), env=env).stdout
     assert "node03" in listing and "dead_rank" in listing
-    runctl("nodes", str(run_dir), "--clear", "node03", "--reason", "GPU swapped", env=env)
-    assert excluded_nodes(paths) == ["node07"]
-    runctl("nodes", str(run_dir), "--all", env=env)
-    assert excluded_nodes(paths) == []
+    # A request: the controller checks who asked, audits it and clears the node at its next pass.
+    asked = runctl("nodes", str(run_dir), "--clear", "node03", "--reason", "GPU swapped", env=env).stdout
+    assert "no controller is running" in asked and excluded_nodes(paths) == ["node03", "node07"]
     runctl("kill", str(run_dir), "--reason", "bad data shard", env=env)
     runctl("watch", str(run_dir), "--once", env=env)
+    assert excluded_nodes(paths) == ["node07"]
     state = json.loads(paths.state.read_text())
     assert state["status"] == "killed"
+    runctl("nodes", str(run_dir), "--all", env=env)
+    runctl("watch", str(run_dir), "--once", env=env)  # a stopped run still takes requests
+    assert excluded_nodes(paths) == []
     resumed = runctl("resume", str(run_dir), "--reason", "shard fixed", env=env).stdout
     assert "(resume) as job 1001" in resumed
     state = json.loads(paths.state.read_text())
     assert state["status"] == "waiting" and state["jobs"][-1]["reason"] == "resume"
     audit = [json.loads(line) for line in runctl("events", str(run_dir), "--audit", "--json", env=env).stdout.splitlines()]
-    assert [a["action"] for a in audit] == ["nodes --clear", "nodes --clear", "kill", "resume"]
-    assert all(a["allowed"] for a in audit) and audit[2]["reason"] == "bad data shard"
+    assert [a["action"] for a in audit] == ["kill", "nodes --clear", "nodes --clear", "resume"]
+    assert all(a["allowed"] for a in audit) and audit[0]["reason"] == "bad data shard"
+    assert [a["details"]["nodes"] for a in audit[1:3]] == [["node03"], "all"]
+
+
+def test_rollback_through_the_cli_checks_its_arguments_then_goes_on_from_a_killed_run(mock_run, capsys):
+    from orchestrator.cli.main import main
+
+    run_dir, env = mock_run
+    paths = RunPaths.of(run_dir)
+    for args, named in ((["--to-step", "0", "--skip-samples", "9:2"], "--skip-samples: rollback.skip_samples[0]"),
+                        (["--to-step", "0", "--skip-samples", "9"], "--skip-samples '9': give A:B"),
+                        (["--to-step", "0", "--lr-scale", "0.5"], "--for-steps: rollback.lr_scale_steps: 0"),
+                        (["--to-step", "8"], "--to-step 8: no complete checkpoint at or before step 8")):
+        assert main(["rollback", str(run_dir), *args, "--reason", "spike"]) == 2
+        said = capsys.readouterr().err
+        assert named in said, said
+    assert not paths.control_request("rollback").exists()
+    runctl("kill", str(run_dir), "--reason", "spike at 12", env=env)
+    runctl("watch", str(run_dir), "--once", env=env)
+    said = runctl("rollback", str(run_dir), "--to-step", "0", "--skip-samples", "0:16", "--reason", "bad first shard",
+                  env=env).stdout
+    assert "submitted (rollback rb-" in said, said
+    state = json.loads(paths.state.read_text())
+    assert state["status"] == "waiting" and state["jobs"][-1]["reason"].startswith("rollback rb-")
+    directive = json.loads(paths.rollback_directive.read_text())
+    assert (directive["to_step"], directive["skip_samples"]) == (0, [[0, 16]])
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    assert directive["reason"] == f"bad first shard; withdrew the pending kill request of {me} (reason: spike at 12)"
+    assert not paths.accepted_request("kill").exists() and not paths.control_request("kill").exists()
+    audit = [json.loads(line) for line in runctl("events", str(run_dir), "--audit", "--json", env=env).stdout.splitlines()]
+    assert [a["action"] for a in audit] == ["kill", "rollback"] and audit[1]["details"]["skip_samples"] == [[0, 16]]
 
 
 def test_report_and_dashboard_after_a_restart(run_env):
@@ -110,27 +145,11 @@ def test_report_and_dashboard_after_a_restart(run_env):
     from rich.console import Console
 
     console = Console(record=True, width=120)
-    console.print(render_dashboard(ctl.paths.root))
-    text = console.export_text()
-    assert "FINISHED" in text and "restart" in text and "loss" in text
-
-
-def test_heartbeat_grid_is_compact_for_48_nodes(tmp_path):
-    from rich.console import Console
-
-    from orchestrator.dashboard import _heartbeat_grid
-
-    now = time.time()
-    nodes = {f"node{i:02d}": {"age": 2.0 if i != 17 else 120.0, "ranks": 8} for i in range(1, 49)}
-    data = {"heartbeat_job": "5", "nodes": nodes, "heartbeat_seconds": 10, "dead_after": 60, "time": now}
-    console = Console(record=True, width=140)
-    console.print(_heartbeat_grid(data))
+    console.print(render_status(status_data(ctl.paths.root)))
     text = console.export_text()
     print(text)
-    lines = [line for line in text.splitlines() if line.strip()]
-    assert len(lines) == 2 + 4, "title, prefix legend, then 4 rows of 12 nodes"
-    assert max(len(line) for line in lines) <= 120
-    assert " 17   2m" in text and " 01   2s" in text
+    assert "FINISHED" in text and "restarts so far: 1" in text and "loss" in text
+    assert "next by time" not in text and "done in about" not in text, "a finished run plans nothing more"
 
 
 def test_sigkilled_controller_restarted_submits_nothing_twice(mock_run):

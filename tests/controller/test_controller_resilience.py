@@ -15,13 +15,14 @@ import pytest
 from fakes import WebhookServer, make_config
 
 from orchestrator.config import dump_config
-from orchestrator.controller import Controller, read_events
+from orchestrator.contract import Heartbeat, JobState, RunPaths, atomic_write_text
+from orchestrator.contract.state import ControllerState, IllegalTransition, JobRecord, RunStatus, SubmitIntent
+from orchestrator.controller import Controller
 from orchestrator.controller.exclude import excluded_nodes
-from orchestrator.controller.state import ControllerState, IllegalTransition, JobRecord, RunStatus
 from orchestrator.controller.submission import current_user, reconcile_intent
 from orchestrator.errors import SchedulerError
-from orchestrator.protocol import Heartbeat, JobState, RunPaths, atomic_write_text
 from orchestrator.slurm.base import JobInfo
+from tests.run_records import event_dicts
 
 
 class ScriptedScheduler:
@@ -82,7 +83,7 @@ def beats(paths: RunPaths, job_id: str, seq: int, world: int = 4) -> None:
 
 
 def names(paths: RunPaths) -> list[str]:
-    return [e["event"] for e in read_events(paths)]
+    return [e["event"] for e in event_dicts(paths)]
 
 
 def test_a_pass_that_raises_is_recorded_retried_with_backoff_and_supervision_goes_on(tmp_path):
@@ -96,7 +97,7 @@ def test_a_pass_that_raises_is_recorded_retried_with_backoff_and_supervision_goe
     seq = iter(range(1000))
     beats(ctl.paths, "100", next(seq))
     ctl.run(on_pass=lambda result: beats(ctl.paths, "100", next(seq)), max_seconds=1.0)
-    events = read_events(ctl.paths)
+    events = event_dicts(ctl.paths)
     failed = [e for e in events if e["event"] == "pass_failed"]
     assert [e["passes_failed_in_a_row"] for e in failed] == [1, 2, 3]
     assert "squeue exploded" in failed[0]["error"]
@@ -162,7 +163,7 @@ def test_a_full_disk_is_notified_and_the_controller_keeps_supervising(small_file
             except OSError:
                 pass
             ctl.safe_tick()  # never raises: whatever failed is notified and retried next pass
-        said = " | ".join(r.get("message", "") for r in hook.received)
+        said = " | ".join(r.get("text", "") for r in hook.received)  # apprise JSON: the message is "text"
         assert "No space left on device" in said, said
         filler.unlink()
         for seq in range(10, 13):
@@ -191,7 +192,7 @@ def test_status_moves_only_along_the_transition_table():
 def test_interrupted_submission_adopts_only_our_own_unfinished_jobs_after_the_intent():
     me = current_user()
     state = ControllerState(jobs=[JobRecord("5", 1.0)])
-    state.pending_submit = {"token": "t", "time": 500.0, "reason": "restart", "job_name": "demo", "exclude": []}
+    state.pending_submit = SubmitIntent(token="t", time=500.0, reason="restart", job_name="demo", exclude=[])
 
     class Queue:
         def jobs_by_name(self, name):
@@ -209,8 +210,7 @@ def test_interrupted_submission_adopts_only_our_own_unfinished_jobs_after_the_in
 
 def test_a_malformed_name_in_the_exclude_list_never_reaches_sbatch(tmp_path):
     paths = RunPaths.of(tmp_path)
-    paths.control.mkdir()
-    (paths.control / "excluded-nodes.json").write_text(
+    paths.exclude_list.write_text(
         '{"nodes": {"node07": {}, "node02;touch /tmp/x": {}, "node\\n03": {}, "-rf": {}}}')
     assert excluded_nodes(paths) == ["node07"]
 
@@ -218,8 +218,8 @@ def test_a_malformed_name_in_the_exclude_list_never_reaches_sbatch(tmp_path):
 def test_dashboard_shows_the_controllers_beat_ages_not_node_clocks(tmp_path):
     """A node whose clock is an hour behind is not shown as an hour late while a controller that
     saw its beats change runs; without a controller the dashboard can only use node clocks."""
+    from orchestrator.contract.controller_beat import read_beat, write_beat
     from orchestrator.controller.lock import ControllerLock
-    from orchestrator.controller_heartbeat import read_beat, write_beat
     from orchestrator.dashboard import dashboard_data
 
     scheduler, clock = ScriptedScheduler(), Clock()
@@ -232,7 +232,7 @@ def test_dashboard_shows_the_controllers_beat_ages_not_node_clocks(tmp_path):
         ctl.tick()
     ctl.stop()
     paths = ctl.paths
-    seen = read_beat(paths)["node_beat_age"]  # what the controller itself wrote after its passes
+    seen = read_beat(paths).node_beat_age  # what the controller itself wrote after its passes
     assert sorted(seen) == ["node01", "node02", "node03", "node04"] and max(seen.values()) < 1.0, seen
     write_beat(paths, passes=9, failing_passes=0, status="running", poll_seconds=0.1, started_at=0.0,
                node_beat_age={f"node{r + 1:02d}": 0.1 for r in range(4)})

@@ -8,35 +8,43 @@ import math
 
 from fakes import make_config
 
-from orchestrator.controller.detection import FindingKind, Outcome, assess, classify_end, culprit_nodes
+from orchestrator.contract import Heartbeat, Outcome, classify_end
+from orchestrator.controller.detection import FindingKind, assess, culprit_nodes
 from orchestrator.controller.liveness import Liveness
-from orchestrator.controller.timeouts import CAP_OVER_FLOOR, PhaseTimeouts, learn_from_beat
+from orchestrator.controller.timeouts import PhaseTimeouts, silent_after
 
-DEAD_AFTER = 1.5  # make_config(): step floor 3 s, checkpoint 6 s, init 20 s, factor 3
+DEAD_AFTER = 1.5  # make_config(): unlearned step 3 s, checkpoint 6 s, init 20 s; floors 10/20/30, factor 3
+SILENT_AFTER = silent_after(make_config().watchdog)  # 0.4 s: 2 beats and 2 passes of 0.1 s
 
 
-def beat(rank, seq, *, job="7", step=10, phase="step", progress=100.0, clock_offset=0.0, restart_count=0, extra=None):
-    """A beat as a node writes it: times on that node's own clock (offset from the true time)."""
-    return {"rank": rank, "world_size": 4, "host": f"node{rank + 1:02d}", "job_id": job, "pid": 100 + rank,
+def beat(rank, seq, *, job="7", step=10, phase="step", progress=100.0, clock_offset=0.0, restart_count=0, extra=None,
+         host=None, marks=0):
+    """A beat as a node writes it (its JSON, read back by the contract): times on that node's own
+    clock (offset from the true time)."""
+    return Heartbeat.from_dict({"rank": rank, "world_size": 4, "host": host or f"node{rank + 1:02d}", "job_id": job,
+            "pid": 100 + rank, "progress_count": marks,
             "seq": seq, "step": step, "phase": phase, "beat_time": 1000.0 + seq + clock_offset,
             "progress_time": progress + clock_offset, "phase_started": 50.0 + clock_offset,
-            "restart_count": restart_count, "process_started": 1.0, "extra": extra or {}}
+            "restart_count": restart_count, "process_started": 1.0, "version": 1, "extra": extra or {}})
 
 
-def timeouts(**observed):
-    return PhaseTimeouts.from_watchdog(make_config().watchdog, observed)
+def timeouts():
+    return PhaseTimeouts.from_watchdog(make_config().watchdog)
 
 
 class Passes:
     """The controller's passes over one job: beats in, assessment out, at monotonic times."""
 
-    def __init__(self, t=None, world=4):
-        self.live, self.t, self.world = Liveness(), t or timeouts(), world
+    def __init__(self, t=None, world=4, stall_tolerance=0.0):
+        self.live, self.t, self.world = Liveness(SILENT_AFTER), t or timeouts(), world
+        self.stall_tolerance = stall_tolerance
 
     def at(self, now, beats, job="7"):
         views = self.live.observe(beats, job, now)
+        self.t.learn(self.live.changed)
         return assess(views, job_id=job, job_seen_at=self.live.job_seen_at, world_size=self.world, now=now,
-                      dead_after=DEAD_AFTER, timeouts=self.t)
+                      dead_after=DEAD_AFTER, silent_after=SILENT_AFTER, timeouts=self.t,
+                      stall_tolerance=self.stall_tolerance)
 
 
 def test_healthy_ranks_no_findings_whatever_their_clocks():
@@ -135,30 +143,86 @@ def test_exiting_rank_is_neither_hung_nor_dead():
     assert a.findings == []
 
 
-def test_step_timeout_is_learned_from_per_step_durations_only():
-    """BLOOM: 100 steps of 105 s then a save. The stretch of steps before the save (10,500 s)
-    must never count as one step; only `extra.step_seconds` teaches the step timeout."""
-    t = PhaseTimeouts(floors={"init": 3600, "step": 900, "checkpoint": 3600, "eval": 1800, "exiting": 3600}, factor=5)
-    assert learn_from_beat(t, beat(0, 1, extra={"step_seconds": 105.0, "durations": {"step": 10_500.0}})) == ["step"]
-    assert t.timeout("step") == 900, "5 x 105 s = 525 s is under the 900 s floor"
-    learn_from_beat(t, beat(0, 2, extra={"step_seconds": 300.0}))
-    assert t.timeout("step") == 1500
-    learn_from_beat(t, beat(0, 3, extra={"step_seconds": 100_000.0}))
-    assert t.timeout("step") == CAP_OVER_FLOOR * 900, "one outlier cannot switch hang detection off"
-    for bad in (math.inf, math.nan, -5.0, "1e999", True, None, [1]):
-        assert learn_from_beat(t, beat(0, 4, extra={"step_seconds": bad, "durations": {"checkpoint": bad}})) == []
-    assert math.isfinite(t.timeout("checkpoint")) and t.timeout("checkpoint") == 3600
+def fine(rank, seq, count, *, unit="forward", gaps=None, phase="step", step=10):
+    """A version-3 beat with fine progress: `count` marks done, the last one `unit`."""
+    return Heartbeat.from_dict({"rank": rank, "world_size": 4, "host": f"node{rank + 1:02d}", "job_id": "7",
+            "pid": 100 + rank, "seq": seq, "step": step, "phase": phase, "beat_time": 1000.0 + seq,
+            "progress_time": 100.0, "phase_started": 50.0, "process_started": 1.0, "progress_count": count,
+            "progress_unit": unit, "mark_gaps": gaps or {}, "version": 3})
 
 
-def test_learned_save_timeout_from_reported_durations():
+def test_limits_are_learned_from_mark_gaps_floored_capped_and_unlearned_until_then():
+    """make_config(): before any gap, the phase timeouts (step 3 s, checkpoint 6 s); then
+    min(cap 60, max(floor, 3 x gap)) with floors step 10, checkpoint 20, init 30."""
     t = timeouts()
-    assert t.timeout("checkpoint") == 6.0  # the floor
-    assert learn_from_beat(t, beat(0, 1, extra={"durations": {"checkpoint": 7.5}})) == ["checkpoint"]
-    assert t.timeout("checkpoint") == 3 * 7.5
-    p = Passes(t=t)
-    for i in range(31):  # a 15 s save after a 7.5 s one is not a hang (learned 22.5 s)
-        a = p.at(i * 0.5, [beat(r, i, phase="checkpoint") for r in range(4)])
-    assert a.findings == []
+    assert (t.timeout("step"), t.timeout("checkpoint"), t.timeout("init")) == (3.0, 6.0, 20.0)
+    assert t.observe("step", 2.0) and t.timeout("step") == 10.0, "3 x 2 s is under the 10 s floor"
+    assert t.timeout("checkpoint") == 6.0, "a step gap teaches nothing about saves"
+    assert t.observe("step", 5.0) and t.timeout("step") == 15.0
+    assert not t.observe("step", 4.0) and t.timeout("step") == 15.0, "the longest gap counts"
+    assert t.observe("checkpoint", 1000.0) and t.timeout("checkpoint") == 60.0, "capped: never switched off"
+    for bad in (math.inf, math.nan, -5.0, 0.0, "1e999", True, None, [1]):
+        assert not t.observe("eval", bad)
+    assert not t.observe("lunch", 5.0) and t.timeout("eval") == 6.0
+    assert all(math.isfinite(t.timeout(phase)) for phase in ("init", "step", "checkpoint", "eval", "exiting"))
+
+
+def test_slow_step_whose_marks_move_is_not_a_hang_but_marks_that_stop_are():
+    """Learned step limit 10 s (gap 1 s x 3, floored). A step 40 s long whose micro-batches
+    keep coming every 2 s is work; the same rank without a mark for over 10 s is hung."""
+    p = Passes()
+    a = None
+    for i in range(81):  # 40 s, one pass every 0.5 s, a mark every 2 s, the step never ends
+        a = p.at(i * 0.5, [fine(r, i, i // 4, gaps={"step": 1.0 if i < 4 else 2.0}) for r in range(4)])
+        assert a.findings == [], f"a slow step flagged at {i * 0.5} s: {a.findings}"
+    assert p.t.timeout("step") == 10.0
+    frozen = [(r, 20) for r in range(4)]
+    for i in range(81, 120):  # marks stop at 40 s; beats go on
+        a = p.at(i * 0.5, [fine(r, i, c, gaps={"step": 2.0}) for r, c in frozen])
+        if a.findings:
+            break
+    took = i * 0.5 - 40.0
+    print(f"hang found {took:.1f} s after the last mark, limit {a.hung[0].limit_seconds} s")
+    assert {f.rank for f in a.hung} == {0, 1, 2, 3} and 10.0 < took <= 10.5
+
+
+def test_waiting_ranks_are_not_hung_until_nobody_progresses():
+    """Ranks 1-3 wait in the reduce for rank 0, whose marks move: nothing. Rank 0 stops working:
+    it alone is hung (its peers are waiting for it). All four waiting and nothing moving (the
+    collective itself hangs): after the limit, all are hung."""
+    p = Passes()
+    a = None
+    for i in range(41):  # 20 s: rank 0 marks every 0.5 s, the others waited from the start
+        a = p.at(i * 0.5, [fine(0, i, i, gaps={"step": 0.5}), *(fine(r, i, 3, unit="wait") for r in (1, 2, 3))])
+    assert a.findings == [], "waiting for a peer that works is not a hang"
+    for i in range(41, 80):  # rank 0 stops, not waiting
+        a = p.at(i * 0.5, [fine(0, i, 40, gaps={"step": 0.5}), *(fine(r, i, 3, unit="wait") for r in (1, 2, 3))])
+        if a.findings:
+            break
+    assert [f.rank for f in a.hung] == [0] and 10.0 < i * 0.5 - 20.0 <= 10.5
+    everyone = Passes()
+    for i in range(60):  # every rank entered the reduce (its WAIT mark) and it never completes
+        a = everyone.at(i * 0.5, [fine(r, i, 7, unit="wait", gaps={"step": 0.5}) for r in range(4)])
+        if a.findings:
+            break
+    assert {f.rank for f in a.hung} == {0, 1, 2, 3} and 10.0 < i * 0.5 <= 10.5, i * 0.5
+
+
+def test_no_hang_verdict_while_silent_and_the_timer_restarts_when_beats_return():
+    """A filesystem stall: beats and marks stop for 1.2 s (silent after 0.4 s, dead after 1.5 s);
+    when the beats come back their progress was not seen meanwhile: a full limit again."""
+    p = Passes()
+    for i in range(21):  # 10 s of work, a mark per pass
+        p.at(i * 0.5, [fine(r, i, i, gaps={"step": 0.5}) for r in range(4)])
+    stalled = [fine(r, 20, 20, gaps={"step": 0.5}) for r in range(4)]
+    for now in (10.5, 11.0):
+        assert p.at(now, stalled).findings == []
+    back = None
+    for i in range(23, 60):  # beats again from 11.5 s, still no new mark
+        back = p.at(i * 0.5, [fine(r, i, 20, gaps={"step": 0.5}) for r in range(4)])
+        if back.findings:
+            break
+    assert back.hung and 10.0 < i * 0.5 - 11.5 <= 10.5, f"hung at {i * 0.5} s: the timer did not restart"
 
 
 def test_classify_end():
@@ -171,3 +235,151 @@ def test_classify_end():
     assert classify_end("timeout", None) is Outcome.TIME_BUDGET
     assert classify_end("cancelled", None) is Outcome.CANCELLED
     assert classify_end("node_fail", None) is Outcome.FAILED
+
+
+def test_a_silent_rank_holds_its_peers_hang_until_it_is_dead_then_it_is_blamed():
+    """Rank 3's node goes quiet (no beat); ranks 0-2 beat on but cannot progress without it. With
+    dead_after 10 s, their hang limit (3 s, unlearned) passes while rank 3 is silent (after 0.4 s)
+    and not yet dead: no verdict; at dead_after rank 3 is dead, and the one blamed."""
+    p = Passes()
+    p.at(0.0, [fine(r, 0, 5) for r in range(4)])
+    quiet = fine(3, 0, 5)
+    a = None
+    for i in range(1, 24):  # 11.5 s: progress frozen everywhere, ranks 0-2 beat
+        now = i * 0.5
+        views = p.live.observe([*(fine(r, i, 5) for r in range(3)), quiet], "7", now)
+        a = assess(views, job_id="7", job_seen_at=p.live.job_seen_at, world_size=4, now=now, dead_after=10.0,
+                   silent_after=SILENT_AFTER, timeouts=p.t)
+        if now <= 10.0:
+            assert a.findings == [], f"a verdict at {now} s while rank 3 is silent: {a.findings}"
+    assert [(f.kind, f.rank) for f in a.dead] == [(FindingKind.DEAD_RANK, 3)]
+    assert [f.host for f in a.culprits()] == ["node04"], "the dead rank is blamed, not its stalled peers"
+
+
+def test_node_files_a_dead_peer_is_its_own_entry_a_dead_gatherer_is_its_whole_node(tmp_path):
+    """Real node files through the reader: node01's rank 1 stops (its entry freezes in a file that
+    goes on moving), then node02's local rank 0 (the writer of its file) stops: all of node02."""
+    from orchestrator.contract import HeartbeatReader, NodeBeat, write_node_beat
+
+    def node(host, ranks, seq, frozen=()):
+        beats = [fine(r, 0 if r in frozen else seq, seq, gaps={"step": 0.5}) for r in ranks]
+        for b in beats:
+            b.host = host
+        return NodeBeat(host, "7", 4, 0, 0, beats)
+
+    reader, live = HeartbeatReader(tmp_path), Liveness(SILENT_AFTER)
+    t = timeouts()
+
+    def at(now, *nodes):
+        for n in nodes:
+            write_node_beat(tmp_path, n, durable=False)
+        views = live.observe(reader.read(), "7", now)
+        return assess(views, job_id="7", job_seen_at=live.job_seen_at, world_size=4, now=now, dead_after=DEAD_AFTER,
+                      silent_after=SILENT_AFTER, timeouts=t)
+
+    at(0.0, node("node01", (0, 1), 1), node("node02", (2, 3), 1))
+    for i in range(2, 8):  # node01's rank 1 froze (from 1.0 s); node01's file and node02 move on
+        a = at(i * 0.5, node("node01", (0, 1), i, frozen=(1,)), node("node02", (2, 3), i))
+    assert [(f.kind, f.rank) for f in a.findings] == [(FindingKind.DEAD_RANK, 1)] and a.culprits()[0].host == "node01"
+    reader, live, t = HeartbeatReader(tmp_path), Liveness(SILENT_AFTER), timeouts()  # a fresh controller
+    at(10.0, node("node01", (0, 1), 20), node("node02", (2, 3), 20))
+    for i in range(21, 26):  # node02's file is never written again (its writer is gone)
+        a = at(10.0 + (i - 20) * 0.5, node("node01", (0, 1), i))
+    assert sorted((f.kind, f.rank) for f in a.findings) == [(FindingKind.DEAD_RANK, 2), (FindingKind.DEAD_RANK, 3)]
+
+
+def test_a_stall_is_not_a_death_where_the_node_cannot_be_lost():
+    """Tolerance 10 s (dead after 1.5 s). Passes every 0.5 s; a beat or progress that moves changes
+    its seq or its mark count each pass."""
+    def dead_at(scene, tolerance=10.0, until=12.0):
+        p = Passes(stall_tolerance=tolerance)
+        for i in range(int(until / 0.5) + 1):
+            a = p.at(i * 0.5, scene(i))
+            if a.dead:
+                return i * 0.5, sorted(f.rank for f in a.dead)
+        return None, []
+
+    # Every node silent at once (the filesystem stalls): not dead until the tolerance is spent.
+    everyone = lambda i: [beat(r, min(i, 2), marks=min(i, 2)) for r in range(4)]  # noqa: E731
+    when, ranks = dead_at(everyone)
+    assert when is not None and 11.0 <= when <= 11.5 and ranks == [0, 1, 2, 3], (when, ranks)
+    # node02 silent while its peers still make marks (its writes stall, it computes on).
+    writes_stall = lambda i: [beat(r, min(i, 2) if r == 1 else i, marks=i) for r in range(4)]  # noqa: E731
+    when, ranks = dead_at(writes_stall)
+    assert when is not None and when >= 11.0 and ranks == [1], (when, ranks)
+    # node02 silent while its peers only beat (they wait for it): a lost node, dead at dead_after.
+    peers_wait = lambda i: [beat(r, min(i, 2) if r == 1 else i, marks=min(i, 2)) for r in range(4)]  # noqa: E731
+    assert dead_at(peers_wait) == (3.0, [1])
+    # One rank silent on a node whose other rank still beats (SIGSTOP): dead at dead_after.
+    shared = lambda i: [beat(r, min(i, 2) if r == 1 else i, marks=min(i, 2) if r == 1 else i,  # noqa: E731
+                             host="node01" if r < 2 else None) for r in range(4)]
+    assert dead_at(shared) == (3.0, [1])
+    # No tolerance: every silence is a death at dead_after.
+    assert dead_at(everyone, tolerance=0.0) == (3.0, [0, 1, 2, 3])
+    assert dead_at(writes_stall, tolerance=0.0) == (3.0, [1])
+    # node02 silent during init, where nobody makes marks: only time tells, so the tolerance.
+    init = lambda i: [beat(r, min(i, 2) if r == 1 else i, phase="init") for r in range(4)]  # noqa: E731
+    when, ranks = dead_at(init)
+    assert when is not None and 11.0 <= when <= 11.5 and ranks == [1], (when, ranks)
+    assert dead_at(init, tolerance=0.0) == (3.0, [1])
+    # ...but once its peers have left init and wait for it, it is a lost node again.
+    peers_left_init = lambda i: [beat(r, min(i, 2), phase="init") if r == 1 else beat(r, i)  # noqa: E731
+                                 for r in range(4)]
+    assert dead_at(peers_left_init) == (3.0, [1])
+
+
+def stuck_until_found(beats):
+    """Passes every 0.5 s over the same beats (marks never move again) until a finding; the
+    assessment then. Unlearned step limit: 3 s (make_config)."""
+    p = Passes()
+    for i in range(40):
+        a = p.at(i * 0.5, [fine(b.rank, i, b.progress_count, unit=b.progress_unit, step=b.step) for b in beats])
+        if a.findings:
+            return a
+    raise AssertionError("no hang found")
+
+
+def test_the_rank_behind_is_named_even_when_its_last_mark_is_a_wait():
+    """Rank 1 hung mid-step: it made 5 marks of the step, its peers 9, and every one of them is
+    now in a wait (rank 1 in the agreement's, its peers waiting for it): rank 1 is named."""
+    a = stuck_until_found([fine(r, 0, 5 if r == 1 else 9, unit="wait") for r in range(4)])
+    assert {f.rank for f in a.hung} == {0, 1, 2, 3}, "everyone stuck: the hang itself is found"
+    assert [f.rank for f in a.culprits()] == [1] and "fewest marks" in a.suspects_why, a.suspects_why
+
+
+def test_a_rank_at_a_lower_step_is_named_though_it_waits():
+    a = stuck_until_found([fine(r, 0, 9, unit="wait" if r == 3 else "forward", step=9 if r == 3 else 10)
+                           for r in range(4)])  # fmt: skip
+    assert [f.rank for f in a.culprits()] == [3] and "step 9" in a.suspects_why
+
+
+def test_the_rank_working_while_the_others_wait_is_named():
+    a = stuck_until_found([fine(r, 0, 9, unit="backward" if r == 2 else "wait") for r in range(4)])
+    assert [f.rank for f in a.hung] == [2]
+    assert [f.rank for f in a.culprits()] == [2] and "own work" in a.suspects_why
+
+
+def test_everyone_waiting_at_the_same_count_names_nobody_and_says_so():
+    a = stuck_until_found([fine(r, 0, 9, unit="wait") for r in range(4)])
+    assert {f.rank for f in a.hung} == {0, 1, 2, 3} and a.culprits() == []
+    assert "nobody named" in a.suspects_why and "job-wide" in a.suspects_why, a.suspects_why
+
+
+def test_the_failure_event_and_notification_name_the_rank_behind_or_say_why_nobody():
+    from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
+    from orchestrator.controller.actions import Notify, Record
+    from orchestrator.controller.policy import on_findings
+
+    def report(beats):
+        verdict = on_findings(ControllerState(status=RunStatus.RUNNING), JobRecord("7", 0.0, state="running"),
+                              stuck_until_found(beats), wall_now=2000.0, job_wide_for=0.0, dead_after=DEAD_AFTER,
+                              culprit_nodes=[], queued_job_ids=[])  # fmt: skip
+        event = next(a.event for a in verdict.actions if isinstance(a, Record) and a.event.KIND == "failure")
+        notice = next(a for a in verdict.actions if isinstance(a, Notify))
+        return event, notice.message
+
+    event, message = report([fine(r, 0, 5 if r == 1 else 9, unit="wait") for r in range(4)])
+    assert [s["rank"] for s in event.suspects] == [1] and event.suspects[0]["host"] == "node02"
+    assert "rank 1 on node02" in message and "fewest marks" in event.suspects_why
+    event, message = report([fine(r, 0, 9, unit="wait") for r in range(4)])
+    assert event.suspects == [] and "job-wide" in event.suspects_why and "nobody named" in message

@@ -2,8 +2,11 @@
 
 The demo model (tp=2, pp=2) as 2 nodes x 2 ranks, so that the 4-node test cluster has spare
 nodes for the exclude list. Every run is 12 steps with checkpoints every 4 (TRAINER_MAX_STEPS).
-- a rank SIGKILLed after the step-8 checkpoint: srun ends the job, the controller restarts it
-  without that node, and the losses equal an uninterrupted run's;
+- a rank SIGKILLed (2 nodes + 1 spare): srun reports the killed task, the controller decides from
+  that report, the launcher relaunches on the spare inside the same job; same losses (the job-level
+  restart without the node is the SIGSTOP case's; the SIGKILL-to-job-level test was dropped on
+  2026-12-02 to keep `make test` under 25 minutes: srun's report is parsed by the same launcher
+  code with or without spares);
 - a rank SIGSTOPped: its beat stops, the others hang in the collective; the controller asks for
   stacks, cancels, excludes the node, restarts; same losses; and SLURM itself (`scontrol show
   job`, `squeue --json`) shows the restarted job on other nodes, with the bad node in its
@@ -32,24 +35,25 @@ from fakes import REPO
 
 from orchestrator.config import parse_config
 from orchestrator.config.load import resolve_paths
-from orchestrator.controller import Controller, read_events
+from orchestrator.contract import JobState, RunPaths, read_heartbeats, read_jsonl
+from orchestrator.contract.state import RunStatus
+from orchestrator.controller import Controller
 from orchestrator.controller.exclude import excluded_nodes
-from orchestrator.controller.state import RunStatus
-from orchestrator.protocol import JobState, RunPaths, read_jsonl
+from tests.run_records import event_dicts
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = 12
 
 
-def e2e_config(operators: dict | None = None, spare_nodes: int = 0):
+def e2e_config(operators: dict | None = None, spare_nodes: int = 0, checkpoint: dict | None = None):
     data = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
     data["cluster"].update(nodes=2, gpus_per_node=2, python=sys.executable, spare_nodes=spare_nodes)
     corpus = REPO / "data" / "corpus"
     if not (REPO / "data" / "corpus.idx").exists() and (REPO / "data" / "corpus" / "multilingual_text_document.idx").exists():
         corpus = REPO / "data" / "corpus" / "multilingual_text_document"
     data["data"]["datasets"] = [{"path": str(corpus), "weight": 1.0}]
-    data["checkpoint"].update(interval_steps=4)
-    data["watchdog"].update(heartbeat_seconds=0.5, poll_seconds=0.5, dead_after_seconds=4, step_timeout_seconds=20)
+    data["checkpoint"].update(interval_steps=4, **(checkpoint or {}))
+    data["watchdog"].update(heartbeat_seconds=0.5, poll_seconds=0.5, dead_after_seconds=8, step_timeout_seconds=20)
     data["operators"] = operators or {"group": None, "users": []}
     data["notifications"] = {"webhook": None, "email": None}
     return resolve_paths(parse_config(data, source="e2e"), REPO / "configs")
@@ -102,15 +106,9 @@ def drive(ctl: Controller, seconds: float, act=None, until=None) -> str:
 
 def beats_of_running_job(ctl: Controller) -> list[dict]:
     running = [j.job_id for j in ctl.state.jobs if j.state == JobState.RUNNING and j.outcome is None]
-    out = []
-    for path in ctl.paths.heartbeats.glob("rank-*.json"):
-        try:
-            beat = json.loads(path.read_text())
-        except ValueError:
-            continue
-        if running and str(beat["job_id"]) == running[0]:
-            out.append(beat)
-    return out
+    # Node files (2 ranks per node) or rank files, read the way the controller reads them.
+    beats = [b.to_dict() for b in read_heartbeats(ctl.paths.heartbeats)]
+    return [b for b in beats if running and str(b["job_id"]) == running[0]]
 
 
 def job_outputs(paths: RunPaths, tail: int = 2500) -> str:
@@ -132,7 +130,11 @@ def inject_once(step: int, rank: int, sig: signal.Signals, when=None):
             return
         beats = {b["rank"]: b for b in beats_of_running_job(ctl)}
         if rank in beats and beats[rank]["step"] >= step:
-            os.kill(beats[rank]["pid"], sig)
+            try:
+                os.kill(beats[rank]["pid"], sig)
+            except ProcessLookupError:  # a beat of a launch that has just ended: try the next pass
+                print(f"rank {rank}'s pid {beats[rank]['pid']} (step {beats[rank]['step']}) is gone; trying again")
+                return
             done.update(time=time.time(), job=beats[rank]["job_id"], pid=beats[rank]["pid"])
             print(f"sent {sig.name} to rank {rank} (pid {beats[rank]['pid']}) at step {beats[rank]['step']}")
 
@@ -174,28 +176,12 @@ def assert_same_losses(paths: RunPaths, reference: dict[int, float]) -> None:
 
 
 def print_incident(paths: RunPaths) -> dict:
-    events = read_events(paths)
+    events = event_dicts(paths)
     failure = next(e for e in events if e["event"] == "failure")
     first = next(e for e in events if e["event"] == "first_step_after_restart")
     print(f"{failure['cause']}: detected {failure['detection_time'] - failure['failure_time']:.1f} s after the failure; "
           f"first step after the restart {first['seconds_since_failure']:.1f} s after the failure")
     return failure
-
-
-def test_sigkilled_rank_restarted_without_its_node_same_losses(e2e_run, reference_losses):
-    cfg, ctl = e2e_run()
-    from orchestrator.runs import submit_job
-
-    submit_job(ctl.paths.root, cfg, ctl.scheduler, reason="initial")
-    ctl.start()
-    act, done = inject_once(9, 2, signal.SIGKILL)
-    assert drive(ctl, 200, act=act) == RunStatus.FINISHED
-    assert done, "the fault was never injected"
-    failure = print_incident(ctl.paths)
-    assert failure["cause"] == "job_failed" and "Killed" in (failure.get("srun_says") or "")
-    restart = next(e for e in read_events(ctl.paths) if e["event"] == "restart")
-    assert restart["resume_step"] == 8 and restart["excluded"] == [failure["host"]]
-    assert_same_losses(ctl.paths, reference_losses)
 
 
 def test_sigkilled_rank_relaunched_on_a_spare_inside_the_same_job(e2e_run, reference_losses):
@@ -204,7 +190,7 @@ def test_sigkilled_rank_relaunched_on_a_spare_inside_the_same_job(e2e_run, refer
     # 3 s a step: the failure comes once the warm standby for launch 1 is ready (as hours into a
     # real run), so launch 1 must start from it.
     cfg, ctl = e2e_run(spare_nodes=1, env_extra={"TRAINER_STEP_DELAY_SECONDS": "3"})
-    from orchestrator.allocation import read_allocation
+    from orchestrator.contract import read_allocation
     from orchestrator.runs import submit_job
     from orchestrator.slurm.hostlist import expand_hostlist
 
@@ -221,7 +207,7 @@ def test_sigkilled_rank_relaunched_on_a_spare_inside_the_same_job(e2e_run, refer
     assert drive(ctl, 200, act=act) == RunStatus.FINISHED, job_outputs(ctl.paths)
     assert done, "the fault was never injected"
     failure = print_incident(ctl.paths)
-    events = read_events(ctl.paths)
+    events = event_dicts(ctl.paths)
     restart = next(e for e in events if e["event"] == "restart")
     assert failure["cause"] == "launch_failed" and "Killed" in (failure.get("srun_says") or ""), failure
     assert restart["in_allocation"] and restart["job_id"] == failure["job_id"] == str(job_id), restart
@@ -236,8 +222,9 @@ def test_sigkilled_rank_relaunched_on_a_spare_inside_the_same_job(e2e_run, refer
     assert len(held) == 3 and allocation.launch == 1 and allocation.exit_code == 0
     assert list(allocation.left_out) == [failure["host"]] and failure["host"] not in allocation.nodes
     assert set(allocation.nodes) <= set(held) and len(allocation.nodes) == 2
-    launch1 = [json.loads(p.read_text()) for p in ctl.paths.heartbeats.glob("rank-*.json")]
-    assert {b["launch"] for b in launch1} == {1} and {b["host"] for b in launch1} == set(allocation.nodes)
+    beats = [b.to_dict() for b in read_heartbeats(ctl.paths.heartbeats)]
+    launch1 = [b for b in beats if b["launch"] == 1]  # the left-out node's file still holds launch 0
+    assert sorted(b["rank"] for b in launch1) == [0, 1, 2, 3] and {b["host"] for b in launch1} == set(allocation.nodes)
     assert excluded_nodes(ctl.paths) == [failure["host"]]
     output = (ctl.paths.jobs / f"slurm-{job_id}.out").read_text(errors="replace")
     print("\n".join(line for line in output.splitlines() if line.startswith("runctl launcher")))
@@ -263,7 +250,7 @@ def test_sigstopped_rank_detected_stacks_dumped_node_excluded(e2e_run, reference
     failure = print_incident(ctl.paths)
     assert failure["cause"] == "dead_rank" and failure["ranks"][0]["rank"] == 1
     assert failure["detection_time"] - done["time"] < cfg.watchdog.dead_after_seconds + 3
-    stacks = next(e for e in read_events(ctl.paths) if e["event"] == "stacks_dumped")
+    stacks = next(e for e in event_dicts(ctl.paths) if e["event"] == "stacks_dumped")
     assert stacks["ranks_answered"] >= 3, stacks
     assert "Thread" in (ctl.paths.stacks / "rank-00000.txt").read_text() or "thread" in (ctl.paths.stacks / "rank-00000.txt").read_text()
     failed_job = ctl.state.job(failure["job_id"])
@@ -279,7 +266,7 @@ def assert_exclusion_seen_by_slurm(ctl: Controller, failed_job_id: str, bad_node
     in slurmctld's ExcNodeList and in its batch script."""
     from orchestrator.slurm.hostlist import expand_hostlist
 
-    restart = next(e for e in read_events(ctl.paths) if e["event"] == "restart")
+    restart = next(e for e in event_dicts(ctl.paths) if e["event"] == "restart")
     new_job = str(restart["job_id"])
     failed = ctl.scheduler.show_job(failed_job_id)
     assert bad_node in expand_hostlist(failed["NodeList"]), failed
@@ -321,9 +308,9 @@ def test_kill_by_another_operator_then_resume(e2e_run, reference_losses):
                 killed["time"] = time.time()
 
         assert drive(ctl, 150, act=kill_at_step_3) == RunStatus.KILLED
-        ended = [e for e in read_events(ctl.paths) if e["event"] == "job_ended"]
+        ended = [e for e in event_dicts(ctl.paths) if e["event"] == "job_ended"]
         assert ended[-1]["exit_code"] == 17 and ended[-1]["outcome"] == "killed"
-        events = read_events(ctl.paths)
+        events = event_dicts(ctl.paths)
         asked = next(i for i, e in enumerate(events) if e["event"] == "kill_requested")
         restarts = [e for e in events[asked:] if e["event"] == "restart"]
         assert not restarts, f"restarted after the kill: {restarts}\n{job_outputs(ctl.paths)}"
@@ -337,8 +324,50 @@ def test_kill_by_another_operator_then_resume(e2e_run, reference_losses):
         rc, out = run_as(oncall, ["resume", str(ctl.paths.root), "--reason", "e2e: spike understood"])
         assert rc == 0, out
         assert drive(ctl, 150) == RunStatus.FINISHED
-        assert any(e["event"] == "resumed" and e["by"] == oncall for e in read_events(ctl.paths))
+        assert any(e["event"] == "resumed" and e["by"] == oncall for e in event_dicts(ctl.paths))
         assert_same_losses(ctl.paths, reference_losses)
     finally:
         subprocess.run(["userdel", oncall], check=False)
         subprocess.run(["groupdel", group], check=False)
+
+
+def test_slurmctld_stopped_75s_mid_run_is_an_outage_not_an_end(e2e_run, local_cluster):
+    """Issue 21: slurmctld SIGSTOPped for 75 s mid-run. Slurm 22.05's `squeue --json` then answers
+    after ~30 s with `errors` and no jobs; the controller must read that as an outage: no failure,
+    no resubmission, and the run finishes in its first job."""
+    import threading
+
+    from orchestrator.runs import submit_job
+
+    cfg, ctl = e2e_run(env_extra={"TRAINER_MAX_STEPS": "6", "TRAINER_STEP_DELAY_SECONDS": "12"})
+    ctl.scheduler.timeout = 45.0  # longer than squeue's own 30 s wait: its answer is the one read
+    job_id = str(submit_job(ctl.paths.root, cfg, ctl.scheduler, reason="initial"))
+    ctl.start()
+    ctld = local_cluster._record()["pids"]["slurmctld"]
+    stopped = {}
+
+    def resume_ctld() -> None:
+        os.kill(ctld, signal.SIGCONT)
+        stopped["resumed"] = time.monotonic()
+
+    def stop_ctld(c: Controller) -> None:
+        if not stopped and any(b["step"] >= 1 for b in beats_of_running_job(c)):
+            os.kill(ctld, signal.SIGSTOP)
+            stopped["at"] = time.monotonic()
+            threading.Timer(75.0, resume_ctld).start()  # on time, whatever a pass is waiting for
+
+    try:
+        assert drive(ctl, 240, act=stop_ctld) == RunStatus.FINISHED, job_outputs(ctl.paths)
+    finally:
+        os.kill(ctld, signal.SIGCONT)
+    events = event_dicts(ctl.paths)
+    kinds = [e["event"] for e in events]
+    print(f"slurmctld stopped {stopped.get('resumed', 0) - stopped.get('at', 0):.0f} s; events: {kinds}")
+    # Seen both ways on 22.05: squeue answering `errors` (an outage), or, right after SIGCONT, a
+    # list without the job (not listed while its ranks beat): neither may end the job.
+    said = [e for e in events if e["event"] in ("scheduler_unreachable", "job_not_listed")]
+    print(f"the outage as the controller read it: {said}")
+    assert "resumed" in stopped and said
+    assert "failure" not in kinds and "restart" not in kinds, kinds
+    assert [j.job_id for j in ctl.state.jobs] == [job_id], "the run finished in its first job"
+    assert kinds.count("job_submitted") == 0, "nothing was resubmitted"

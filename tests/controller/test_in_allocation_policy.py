@@ -9,16 +9,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.allocation import Allocation, ContractError, Decision, read_allocation, write_allocation
+from orchestrator.contract import Allocation, ContractError, Decision, read_allocation, write_allocation
+from orchestrator.contract.state import ControllerState
 from orchestrator.controller.actions import Cancel, Exclude, Record, Relaunch, Restart, Stop
 from orchestrator.controller.recovery import Failure, plan_restart
-from orchestrator.controller.state import ControllerState
 
 WATCHDOG = SimpleNamespace(max_restarts_without_progress=3, max_excluded_per_incident=2)
 
 
 def waiting(spares: list[str], state: str = "waiting_decision") -> Allocation:
-    return Allocation("77", state, 0, ["node01", "node02"], spares)
+    return Allocation("77", state, 0, ["node01", "node02"], spares, waits_for_decisions=True)
 
 
 def failure(culprits=("node02",), running=True) -> Failure:
@@ -46,7 +46,7 @@ def test_no_culprit_relaunches_on_the_same_nodes():
 def test_no_spare_left_cancels_the_job_and_restarts_at_job_level_saying_why():
     actions = plan_restart(ControllerState(), WATCHDOG, failure(), None, [], [], waiting([]))
     assert kinds(actions) == ["Exclude", "Record", "Cancel", "Restart"]
-    assert isinstance(actions[1], Record) and "0 spare(s) left" in actions[1].fields["why"]
+    assert isinstance(actions[1], Record) and "0 spare(s) left" in actions[1].event.why
     assert isinstance(actions[2], Cancel) and actions[2].job_ids == ("77",)
     assert type(actions[3]) is Restart
 
@@ -54,6 +54,9 @@ def test_no_spare_left_cancels_the_job_and_restarts_at_job_level_saying_why():
 def test_a_job_without_a_launcher_or_already_ended_takes_the_job_level_path():
     no_launcher = plan_restart(ControllerState(), WATCHDOG, failure(), None, [], [], None)
     assert kinds(no_launcher) == ["Exclude", "Cancel", "Restart"]
+    # Every job runs the launcher; one without spares never waits for a decision: job level.
+    no_spares = Allocation("77", "running", 0, ["node01", "node02"], [], waits_for_decisions=False)
+    assert kinds(plan_restart(ControllerState(), WATCHDOG, failure(), None, [], [], no_spares)) == kinds(no_launcher)
     ended = plan_restart(ControllerState(), WATCHDOG, failure(running=False), None, [], [], waiting(["node03"], "ended"))
     assert kinds(ended) == ["Exclude", "Record", "Restart"]  # nothing to cancel
 
@@ -70,7 +73,8 @@ def test_contract_refuses_hostile_or_malformed_records(tmp_path):
     write_allocation(path, good)
     assert read_allocation(path) == good
     for field, value in [("nodes", ["node01;reboot"]), ("state", "rm -rf"), ("job_id", "../../x"),
-                         ("launch", -1), ("spares", "node03"), ("exit_code", "1")]:
+                         ("launch", -1), ("spares", "node03"),
+                         ("ended", {"launch": 0, "exit_code": "1", "srun_exit_code": 1})]:
         data = {**good.to_dict(), field: value}
         path.write_text(json.dumps(data))
         with pytest.raises(ContractError):

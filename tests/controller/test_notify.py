@@ -1,30 +1,39 @@
-"""Notifications against a local HTTP server and a local SMTP server; a failure is reported,
-never raised."""
+"""Notifications through apprise against a local HTTP server and a local SMTP server: the config's
+`webhook` and `email` (kept from before apprise) and apprise `urls`; a failure is reported,
+never raised, and no part of a secret URL reaches the report or the process's logging."""
 
 from __future__ import annotations
 
+import logging
 import socket
 
 from fakes import SMTPServer, WebhookServer, make_config
 
-from orchestrator.notify import notify
+from orchestrator.notify import notify, unknown_urls
 
 
-def test_webhook_and_email_delivered():
-    hook, smtp = WebhookServer(), SMTPServer()
+def test_webhook_email_and_apprise_urls_delivered():
+    hook, other, smtp = WebhookServer(), WebhookServer(), SMTPServer()
     try:
-        cfg = make_config(notifications={"webhook": hook.url, "email": {
-            "smtp_host": "127.0.0.1", "smtp_port": smtp.port, "sender": "runctl@cluster", "to": ["oncall@team", "lead@team"]}})
+        json_url = other.url.replace("http://", "json://")
+        cfg = make_config(notifications={"webhook": hook.url, "urls": [json_url], "email": {
+            "smtp_host": "127.0.0.1", "smtp_port": smtp.port, "sender": "runctl@cluster.org",
+            "to": ["oncall@team.org", "lead@team.org"]}})  # fmt: skip
         problems = notify(cfg.notifications, "demo", "hang", "job 12: hang of 4 rank(s)", {"job_id": "12"})
         assert problems == []
-        assert hook.received[0]["event"] == "hang" and hook.received[0]["run"] == "demo"
-        assert hook.received[0]["details"] == {"job_id": "12"} and "hang" in hook.received[0]["text"]
+        print(hook.received, other.received)
+        # the `webhook`: apprise's JSON POST, the message under "text" (Slack-style receivers), and
+        # the run, the event and the details as before
+        sent = hook.received[0]
+        assert (sent["run"], sent["event"], sent["type"]) == ("demo", "hang", "failure")
+        assert sent["text"] == "job 12: hang of 4 rank(s)\njob_id: 12"
+        assert other.received[0]["title"] == "[demo] hang: job 12: hang of 4 rank(s)"
         mail = smtp.messages[0]
-        assert mail["from"] == "runctl@cluster" and mail["to"] == ["oncall@team", "lead@team"]
+        assert mail["from"] == "runctl@cluster.org" and sorted(mail["to"]) == ["lead@team.org", "oncall@team.org"]
         assert "Subject: [demo] hang: job 12" in mail["data"]
     finally:
-        hook.close()
-        smtp.close()
+        for server in (hook, other, smtp):
+            server.close()
 
 
 def test_events_filter():
@@ -38,15 +47,24 @@ def test_events_filter():
         hook.close()
 
 
-def test_unreachable_servers_are_reported_not_raised():
+def test_unreachable_servers_are_reported_redacted_not_raised_nor_logged(caplog):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
-    cfg = make_config(notifications={"webhook": f"http://127.0.0.1:{port}/hook", "timeout_seconds": 2, "email": {
-        "smtp_host": "127.0.0.1", "smtp_port": port, "sender": "a@b", "to": ["c@d"]}})
-    problems = notify(cfg.notifications, "demo", "failure", "boom")
+    token = "T0KEN1234secret"
+    cfg = make_config(notifications={
+        "webhook": f"http://127.0.0.1:{port}/hooks/{token}", "urls": [f"jsons://127.0.0.1:{port}/x/{token}"],
+        "timeout_seconds": 2, "email": {"smtp_host": "127.0.0.1", "smtp_port": port, "sender": "a@b.org", "to": ["c@d.org"]},
+    })  # fmt: skip
+    with caplog.at_level(logging.DEBUG):
+        problems = notify(cfg.notifications, "demo", "failure", "boom")
     print(problems)
-    assert len(problems) == 2 and "webhook" in problems[0] and "email" in problems[1]
+    assert len(problems) == 3
+    assert problems[0].startswith(f"jsons://127.0.0.1:{port}/<redacted>: ")
+    assert problems[1].startswith(f"webhook http://127.0.0.1:{port}/<redacted>: ")
+    assert problems[2].startswith(f"email via 127.0.0.1:{port}: ")
+    assert not any(token in p for p in problems), "a problem must not carry the URL's secret"
+    assert not [r for r in caplog.records if token in r.getMessage()], "apprise's log must not reach ours"
 
 
 def test_a_newline_in_a_message_still_sends_the_email():
@@ -54,7 +72,7 @@ def test_a_newline_in_a_message_still_sends_the_email():
     smtp = SMTPServer()
     try:
         cfg = make_config(notifications={"email": {
-            "smtp_host": "127.0.0.1", "smtp_port": smtp.port, "sender": "runctl@cluster", "to": ["oncall@team"]}})
+            "smtp_host": "127.0.0.1", "smtp_port": smtp.port, "sender": "runctl@cluster.org", "to": ["oncall@team.org"]}})
         problems = notify(cfg.notifications, "demo", "kill", "stopped: loss spike\nBcc: everyone@corp", {})
         assert problems == [] and len(smtp.messages) == 1
         headers = smtp.messages[0]["data"].split("\r\n\r\n", 1)[0].split("\n\n", 1)[0]
@@ -62,3 +80,36 @@ def test_a_newline_in_a_message_still_sends_the_email():
         assert "\nBcc:" not in headers
     finally:
         smtp.close()
+
+
+def test_pre_flight_names_what_apprise_cannot_send_to():
+    cfg = make_config(notifications={
+        "urls": ["slack://T000/B000/XXXXXXXX", "slakc://T000/B000/XXXXXXXX"],
+        "email": {"sender": "ops@team", "to": ["oncall@team.org"]},
+    })  # fmt: skip
+    problems = unknown_urls(cfg.notifications)
+    print(problems)
+    assert len(problems) == 2
+    assert problems[0].startswith("notifications.urls: slakc://<redacted> is not a URL apprise knows")
+    assert problems[1].startswith("notifications.email: apprise refuses sender 'ops@team'")
+    assert not any("XXXXXXXX" in p for p in problems)
+
+
+def test_a_reason_that_quotes_the_url_is_scrubbed():
+    """What apprise says about a failure is scrubbed of every part of the URL that may be a
+    secret, whatever service: the path and query (Slack-style hooks), the user and password, and
+    the host of services whose host is a token (slack://TOKEN/..., pagerduty://KEY@APIKEY)."""
+    from orchestrator.notify import _scrub, redact_url
+
+    cases = {
+        "jsons://hookuser:PASSWORD@hooks.example.org/services/T0SECRET/B0TOKEN?key=QSECRET":
+            ("T0SECRET", "B0TOKEN", "QSECRET", "PASSWORD", "hookuser"),
+        "slack://T0SECRET/B0TOKEN/X0TOKEN": ("T0SECRET", "B0TOKEN", "X0TOKEN"),
+        "pagerduty://INTEGRATIONKEY@APIKEYSECRET": ("INTEGRATIONKEY", "APIKEYSECRET"),
+    }  # fmt: skip
+    for url, secrets in cases.items():
+        said = f"could not post to {url} (host {url.split('://')[1].split('/')[0]}; path {url.split('://')[1]})"
+        shown = f"{redact_url(url)}: {_scrub(said, url)}"
+        print(shown)
+        assert not [s for s in secrets if s in shown], shown
+    assert redact_url("jsons://u:p@hooks.example.org/x") == "jsons://hooks.example.org/<redacted>"

@@ -20,8 +20,9 @@ from fakes import REPO, supervise
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.cli.main import main
-from orchestrator.controller.state import RunStatus, read_events
+from orchestrator.contract.state import RunStatus
 from orchestrator.slurm.render import render_sbatch
+from tests.run_records import event_dicts
 
 
 @pytest.fixture
@@ -72,7 +73,7 @@ def test_doctor_pages_when_the_controller_stops_beating(run_env, webhook, monkey
     print(stale)
     controller = stale["findings"][0]
     assert code == 1 and not controller["ok"] and "has not moved" in controller["message"]
-    assert len(received) == 1 and "stale" in received[0]["message"]
+    assert len(received) == 1 and "stale" in received[0]["text"]  # apprise JSON: the message is "text"
     assert _doctor(capsys, ctl.paths.root, state_dir, "--stale-after", "1.0")[0] == 1
     assert len(received) == 1  # the same problem is not paged again from every cron run
     # The job disappears while the run should be training: a second problem, paged.
@@ -123,6 +124,19 @@ def test_metrics_are_scraped_over_http_and_parse(run_env, tmp_path):
     cfg, scheduler, ctl = run_env(trainer_env={"FAKE_STEPS": "12"})
     ctl.start()
     assert supervise(ctl) == RunStatus.FINISHED
+    # What the controller keeps after it scored stragglers and excluded a node (written by its own
+    # code: the scorer's summary into state.json, the exclude list), for the dashboard's panels.
+    from orchestrator.contract.state import save_state
+    from orchestrator.controller.exclude import add_excluded
+    from orchestrator.controller.stragglers import RankSample, StragglerScorer
+
+    scorer = StragglerScorer(threshold=1.2, duration_seconds=60.0)
+    for r in range(1, 10):  # node02 at 1.5x its peer's compute time for 8 rounds of 10 s
+        scorer.observe("1", [RankSample(0, "node01", r, 10.0, "pp0"), RankSample(1, "node02", r, 15.0, "pp0"),
+                             RankSample(2, "node03", r, 10.0, "pp0")], now=10.0 * r)  # fmt: skip
+    ctl.state.stragglers = {"job_id": "1", **scorer.summary()}
+    save_state(ctl.paths, ctl.state)
+    add_excluded(ctl.paths, ["node03"], reason="dead_rank in job 1", by="controller")
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     server = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "metrics", str(ctl.paths.root),
@@ -137,12 +151,16 @@ def test_metrics_are_scraped_over_http_and_parse(run_env, tmp_path):
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             samples[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "run")))] = s.value
+    assert_dashboard_names_exported({name for name, _ in samples}, text)
     print({k: v for k, v in samples.items() if "time_seconds" not in k[0]})
     last = json.loads(ctl.paths.metrics.read_text().splitlines()[-1])
     assert samples[("runctl_step", ())] == 12 and samples[("runctl_loss", ())] == pytest.approx(last["loss"])
     assert samples[("runctl_tokens_per_second", ())] == pytest.approx(last["tokens_per_s"])
     assert samples[("runctl_controller_passes_total", ())] >= 3
-    assert samples[("runctl_restarts_total", ())] == 0 and samples[("runctl_excluded_nodes", ())] == 0
+    assert samples[("runctl_restarts_total", ())] == 0 and samples[("runctl_excluded_nodes", ())] == 1
+    assert samples[("runctl_excluded_node", (("node", "node03"), ("reason", "dead_rank in job 1")))] == 1
+    assert samples[("runctl_stragglers", ())] == 1 and samples[("runctl_straggler_score", (("node", "node02"),))] == 1.5
+    assert samples[("runctl_jobs", (("state", "running"),))] == 0, "the run finished: no job left"
     assert 0 < samples[("runctl_goodput_ratio", (("window", "whole_run"),))] < 1
     assert samples[("runctl_disk_headroom_ratio", ())] > 1
     ranks = {dict(k[1])["rank"] for k in samples if k[0] == "runctl_heartbeat_age_seconds"}
@@ -151,6 +169,21 @@ def test_metrics_are_scraped_over_http_and_parse(run_env, tmp_path):
     out = tmp_path / "run.prom"
     assert main(["metrics", str(ctl.paths.root), "--textfile", str(out)]) == 0
     assert "runctl_step 12.0" in out.read_text().replace('{run="demo-cpu-4node"}', "")
+
+
+def assert_dashboard_names_exported(sampled: set[str], text: str) -> None:
+    """Every metric the Grafana dashboard queries is one the exporter really exported (a sample of
+    it in the scrape), and every metric the exporter has appears on the dashboard."""
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "runctl.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    queried = {name for e in exprs for name in re.findall(r"\brunctl_[a-z_]+", e)}
+    exported = set(re.findall(r"^# TYPE (runctl_[a-z_]+) ", text, re.M))
+    exported |= {f"{n}_total" for n in exported}  # a counter family is queried as <name>_total
+    print(f"dashboard queries {len(queried)} metrics; the scrape has samples of {len(sampled)}")
+    assert queried - sampled == set(), f"the dashboard queries metrics with no sample in a scrape: {queried - sampled}"
+    families = set(re.findall(r"^# TYPE (runctl_[a-z_]+) ", text, re.M))
+    missing = {f for f in families if f not in queried and f"{f}_total" not in queried}
+    assert missing == set(), f"exported metrics with no panel: {missing}"
 
 
 def test_flight_recorder_dumps_are_collected_beside_the_stacks(run_env, capsys):
@@ -170,7 +203,7 @@ def test_flight_recorder_dumps_are_collected_beside_the_stacks(run_env, capsys):
         with open(f"{prefix}{rank}", "wb") as dump:
             dump.write(b"\x80\x04pickled flight recorder entries")
     assert supervise(ctl, seconds=60) == RunStatus.FINISHED
-    dumped = next(e for e in read_events(ctl.paths) if e["event"] == "stacks_dumped")
+    dumped = next(e for e in event_dicts(ctl.paths) if e["event"] == "stacks_dumped")
     print(dumped)
     assert dumped["flight_recorder"] == [f"nccl-trace-{job}-rank-{r}" for r in range(cfg.world_size)]
     assert dumped["ranks_answered"] == cfg.world_size  # the Python stacks, counted apart

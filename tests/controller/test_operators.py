@@ -27,9 +27,9 @@ import orchestrator.cli.watch_cmd  # noqa: F401
 import orchestrator.runs  # noqa: F401
 from orchestrator.cli.main import build_parser, main
 from orchestrator.config import dump_config
+from orchestrator.contract import RunPaths
 from orchestrator.controller.requests import read_requests
 from orchestrator.operators import User, operator_basis, prepare_permissions, read_audit, world_writable
-from orchestrator.protocol import RunPaths
 
 build_parser()  # imports every command module now, as root
 
@@ -113,6 +113,6 @@ def test_control_dir_permissions_and_audit_by_owner():
     intake = read_requests(paths, make_config(operators={"group": "root", "users": []}).operators)
     assert intake.requests["kill"].reason == "owner test"
     line = read_audit(paths)[-1]
-    assert line["action"] == "kill" and line["allowed"] is True and line["reason"] == "owner test"
-    assert {"user", "time", "basis"} <= set(line)
+    assert line.action == "kill" and line.allowed is True and line.reason == "owner test"
+    assert line.user and line.time and line.basis
     shutil.rmtree(paths.root)

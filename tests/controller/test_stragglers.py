@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from orchestrator.controller.actions import Exclude, Notify, Record
+from orchestrator.contract import Heartbeat
+from orchestrator.controller.actions import Exclude, Notify, Record, SetStragglers
 from orchestrator.controller.stragglers import RankSample, StragglerScorer, StragglerWatch
 
 NODES, RANKS_PER_NODE, TP, DP = 48, 8, 4, 8
@@ -108,8 +109,24 @@ def test_no_alarm_in_warmup_nor_after_a_restart_and_recovery_is_reported():
 
 
 def beat(rank: int, step: int, seconds: float, job: str = "7") -> dict:
-    return {"rank": rank, "job_id": job, "host": "login", "phase": "step", "step": step, "restart_count": 0,
-            "extra": {"compute_seconds": seconds, "compute_step": step, "compute_group": "pp0.tp0"}}  # fmt: skip
+    """A beat's JSON as a rank writes it (read back through the contract by `parsed`)."""
+    return {"rank": rank, "world_size": 4, "job_id": job, "host": "login", "pid": 10 + rank, "phase": "step",
+            "step": step, "beat_time": 1.0, "progress_time": 1.0, "phase_started": 1.0, "restart_count": 0,
+            "compute_seconds": seconds, "compute_step": step, "compute_group": "pp0.tp0"}  # fmt: skip
+
+
+def parsed(beats: list[dict]) -> list[Heartbeat]:
+    return [Heartbeat.from_dict(b) for b in beats]
+
+
+def on_pass(watch: StragglerWatch, state, job, beats: list[dict], now: float, node_of) -> list:
+    """One pass of the watch; its SetStragglers applied to `state` as the controller's applier
+    does, the other actions returned."""
+    actions = watch.on_pass(state, job, parsed(beats), now=now, node_of=node_of)
+    for action in actions:
+        if isinstance(action, SetStragglers):
+            state.stragglers = dict(action.summary)
+    return [a for a in actions if not isinstance(a, SetStragglers)]
 
 
 def test_watch_turns_a_straggler_into_event_notification_and_capped_exclusion():
@@ -125,13 +142,13 @@ def test_watch_turns_a_straggler_into_event_notification_and_capped_exclusion():
     actions = []
     for step in range(1, 9):  # rounds 3..8 are scored; rank 2 (n3) 2 s instead of 1 s
         beats = [beat(r, step, 2.0 if r == 2 else 1.0) for r in range(4)] + [beat(0, 99, 9.0, job="6")]
-        actions += watch.on_pass(state, job, beats, now=float(step), node_of=node_of)
+        actions += on_pass(watch, state, job, beats, float(step), node_of)
     # Slow from t=3; 3 s later (t=6) and 4 slow rounds: flagged at step 6.
     kinds = [type(a).__name__ for a in actions]
     assert kinds == ["Record", "Notify", "Exclude"], actions
     record, notice, exclude = actions
-    assert isinstance(record, Record) and record.event == "straggler" and record.fields["node"] == "n3"
-    assert record.fields["step"] == 6 and record.fields["vs_median"] == 2.0
+    assert isinstance(record, Record) and record.event.KIND == "straggler" and record.event.node == "n3"
+    assert record.event.step == 6 and record.event.vs_median == 2.0
     assert isinstance(notice, Notify) and notice.kind == "straggler" and "n3" in notice.message
     assert isinstance(exclude, Exclude) and exclude.nodes == ("n3",) and "straggler" in exclude.reason
     assert state.stragglers["nodes"]["n3"]["straggler"] and state.stragglers["job_id"] == "7"
@@ -141,7 +158,7 @@ def test_watch_turns_a_straggler_into_event_notification_and_capped_exclusion():
     repeats = []
     for step in range(9, 20):
         beats = [beat(r, step, 2.0 if r == 2 else 1.0) for r in range(4)]
-        repeats += again.on_pass(state, job, beats, now=float(step), node_of=node_of)
+        repeats += on_pass(again, state, job, beats, float(step), node_of)
     assert repeats == [] and state.stragglers["nodes"]["n3"]["straggler"]
 
     watchdog.max_excluded_per_incident = 0  # the cap: an exclusion_capped record instead
@@ -149,9 +166,9 @@ def test_watch_turns_a_straggler_into_event_notification_and_capped_exclusion():
     watch = StragglerWatch(watchdog)
     actions = []
     for step in range(1, 9):
-        actions += watch.on_pass(state, job, [beat(r, step, 2.0 if r == 2 else 1.0) for r in range(4)],
-                                 now=float(step), node_of=node_of)  # fmt: skip
-    assert [a.event for a in actions if isinstance(a, Record)] == ["straggler", "exclusion_capped"]
+        actions += on_pass(watch, state, job, [beat(r, step, 2.0 if r == 2 else 1.0) for r in range(4)],
+                           float(step), node_of)  # fmt: skip
+    assert [a.event.KIND for a in actions if isinstance(a, Record)] == ["straggler", "exclusion_capped"]
 
 
 def test_no_round_while_any_rank_saves_or_from_malformed_beats():
@@ -161,14 +178,31 @@ def test_no_round_while_any_rank_saves_or_from_malformed_beats():
         return f"n{rank}"
 
     beats = [beat(r, 5, 1.0) for r in range(4)]
-    assert len(samples_from_beats(beats, "7", node_of)[1]) == 4
+    assert len(samples_from_beats(parsed(beats), "7", node_of)[1]) == 4
     saving = [*beats[:3], {**beats[3], "phase": "checkpoint"}]
-    assert samples_from_beats(saving, "7", node_of)[1] == []
-    forged = [*beats[:3], {**beats[3], "extra": {"compute_seconds": float("nan"), "compute_step": 5}}]
-    assert samples_from_beats(forged, "7", node_of)[1] == []
+    assert samples_from_beats(parsed(saving), "7", node_of)[1] == []
+    forged = [*beats[:3], {**beats[3], "compute_seconds": float("nan"), "compute_step": 5}]
+    assert samples_from_beats(parsed(forged), "7", node_of)[1] == []
     requeued = [{**b, "restart_count": 1} for b in beats[:2]] + beats[2:]  # old incarnation's beats dropped
-    key, samples = samples_from_beats(requeued, "7", node_of)
+    key, samples = samples_from_beats(parsed(requeued), "7", node_of)
     assert key == ("7", (1, 0)) and [s.rank for s in samples] == [0, 1]
     relaunched = [{**b, "launch": 2} for b in beats[1:]] + beats[:1]  # a spare took over inside the job
-    key, samples = samples_from_beats(relaunched, "7", node_of)
+    key, samples = samples_from_beats(parsed(relaunched), "7", node_of)
     assert key == ("7", (0, 2)) and [s.rank for s in samples] == [1, 2, 3]
+
+
+def test_no_samples_until_every_rank_is_past_the_last_round_of_that_incarnation():
+    from orchestrator.controller.stragglers import samples_from_beats
+
+    def node_of(rank, host):
+        return f"n{rank}"
+
+    at_5 = [beat(r, 5, 1.0) for r in range(4)]
+    half_at_6 = [beat(r, 6 if r < 2 else 5, 1.0) for r in range(4)]  # ranks 2, 3 still report step 5
+    all_at_6 = [beat(r, 6, 1.0) for r in range(4)]
+    last = (("7", (0, 0)), 5)  # the last round was step 5 of this incarnation
+    assert samples_from_beats(parsed(at_5), "7", node_of, last_round=last)[1] == []
+    assert samples_from_beats(parsed(half_at_6), "7", node_of, last_round=last)[1] == []
+    assert [s.step for s in samples_from_beats(parsed(all_at_6), "7", node_of, last_round=last)[1]] == [6] * 4
+    requeued = [{**b, "restart_count": 1} for b in at_5]  # a new incarnation: its first round is due
+    assert len(samples_from_beats(parsed(requeued), "7", node_of, last_round=last)[1]) == 4

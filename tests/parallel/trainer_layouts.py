@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from orchestrator.protocol import ExitCode, RunPaths, read_jsonl
+from orchestrator.contract import ExitCode, RunPaths, read_jsonl
 from tests.trainer import launch_local
 from tests.trainer.runs import make_run_dir
 

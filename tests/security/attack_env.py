@@ -6,22 +6,32 @@ Users (made with useradd/groupadd, removed afterwards; needs root):
     listed    in operators.users but not in the group
     outsider  any other local user
 Other users cannot exec this venv's interpreter (it lives under /root, mode 0700), so code runs
-as a user in a forked child that drops to that user's uid/gid/groups (`as_user`): the kernel then
-enforces every permission exactly as for that user's own shell. Everything a child needs must be
-imported before the fork.
+as a user in a forked child that drops to that user's uid/gid/groups (`as_user`, or `start_as`
+for children that run side by side): the kernel then enforces every permission exactly as for
+that user's own shell. Everything a child needs must be imported before the fork.
+
+`shared_run(team_dir=True)` puts the run in a setgid folder of the operators' group (a project
+directory, 2775 owner:team) and builds it under the owner's umask 002 (Debian's and Ubuntu's
+default for users with a private group): what the owner's code then creates without setting
+modes itself is group-writable by the whole team.
 """
 
 from __future__ import annotations
 
+import encodings.idna  # noqa: F401 - codecs the children need (they cannot read the stdlib): sockets
+import encodings.unicode_escape  # noqa: F401 - and jinja2's templates
+import grp
 import io
 import os
 import pickle
 import pwd
 import secrets
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
@@ -42,8 +52,9 @@ import orchestrator.dashboard  # noqa: E402,F401
 import orchestrator.runs  # noqa: E402,F401
 from orchestrator.cli.main import build_parser, main  # noqa: E402
 from orchestrator.config import dump_config  # noqa: E402
+from orchestrator.contract import RunPaths  # noqa: E402
 from orchestrator.operators import prepare_permissions  # noqa: E402
-from orchestrator.protocol import RunPaths  # noqa: E402
+from orchestrator.runs import prepare_run_dir  # noqa: E402
 
 build_parser()  # imports every command module now, as root
 
@@ -61,9 +72,45 @@ def uid(user: str) -> int:
     return pwd.getpwnam(user).pw_uid
 
 
-def as_user(user: str, fn: Callable[[], Any], timeout: float = 20.0) -> tuple[Any, str]:
-    """fn() as `user` in a forked child: (its return value or the exception it raised, its output).
-    A child that does not answer within `timeout` is killed and reported (a blocked open)."""
+@dataclass
+class Child:
+    """A forked child running a function as a user (see start_as)."""
+
+    user: str
+    pid: int
+    read_fd: int
+    done: bool = False  # collected (its result read, or killed)
+
+    def result(self, timeout: float = 20.0) -> tuple[Any, str]:
+        """(fn's return value or the exception it raised, its output). A child that does not
+        answer within `timeout` is killed and reported (a blocked open)."""
+        chunks = []
+        deadline = time.monotonic() + timeout
+        while True:
+            ready, _, _ = select.select([self.read_fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self.kill()
+                raise AssertionError(f"as_user({self.user}): no answer within {timeout} s (blocked?)")
+            chunk = os.read(self.read_fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(self.read_fd)
+        os.waitpid(self.pid, 0)
+        self.done = True
+        return pickle.loads(b"".join(chunks))
+
+    def kill(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        os.kill(self.pid, 9)
+        os.waitpid(self.pid, 0)
+        os.close(self.read_fd)
+
+
+def start_as(user: str, fn: Callable[[], Any], umask: int | None = None, env: dict | None = None) -> Child:
+    """Start fn() as `user` in a forked child (with `umask` and `env` added when given)."""
     entry = pwd.getpwnam(user)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -74,7 +121,9 @@ def as_user(user: str, fn: Callable[[], Any], timeout: float = 20.0) -> tuple[An
             os.setgroups(os.getgrouplist(user, entry.pw_gid))
             os.setgid(entry.pw_gid)
             os.setuid(entry.pw_uid)
-            os.environ.update(HOME="/tmp", USER=user, LOGNAME=user)
+            os.environ.update(HOME="/tmp", USER=user, LOGNAME=user, **(env or {}))
+            if umask is not None:
+                os.umask(umask)
             with redirect_stdout(out), redirect_stderr(out):
                 result: Any = fn()
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
@@ -87,28 +136,19 @@ def as_user(user: str, fn: Callable[[], Any], timeout: float = 20.0) -> tuple[An
         os.write(write_fd, payload)
         os._exit(0)
     os.close(write_fd)
-    import select  # noqa: PLC0415
-
-    chunks = []
-    while True:
-        ready, _, _ = select.select([read_fd], [], [], timeout)
-        if not ready:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            os.close(read_fd)
-            raise AssertionError(f"as_user({user}): no answer within {timeout} s (blocked?)")
-        chunk = os.read(read_fd, 1 << 16)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(read_fd)
-    os.waitpid(pid, 0)
-    return pickle.loads(b"".join(chunks))
+    return Child(user, pid, read_fd)
 
 
-def runctl_as(user: str, argv: list[str]) -> tuple[int, str]:
+def as_user(
+    user: str, fn: Callable[[], Any], timeout: float = 20.0, umask: int | None = None, env: dict | None = None
+) -> tuple[Any, str]:
+    """fn() as `user` in a forked child: (its return value or the exception it raised, its output)."""
+    return start_as(user, fn, umask, env).result(timeout)
+
+
+def runctl_as(user: str, argv: list[str], env: dict | None = None) -> tuple[int, str]:
     """`runctl ARGV` (orchestrator.cli.main.main) as `user`: (exit code, output)."""
-    result, out = as_user(user, lambda: main(argv))
+    result, out = as_user(user, lambda: main(argv), env=env)
     if isinstance(result, BaseException):
         return 99, f"crashed: {result!r}\n{out}"
     return result, out
@@ -141,10 +181,16 @@ def shared_run(team):
     """Factory: a run directory owned by team.owner, prepared by the owner as the controller would."""
     made: list[Path] = []
 
-    def build(group: str | None = "default", users: list[str] | None = None, **overrides) -> RunPaths:
+    def build(
+        group: str | None = "default", users: list[str] | None = None, team_dir: bool = False, **overrides
+    ) -> RunPaths:
         base = Path(tempfile.mkdtemp(prefix="rc-sec-", dir="/tmp"))
-        os.chmod(base, 0o755)
-        os.chown(base, uid(team.owner), -1)  # the owner's own folder, like a home or project dir
+        if team_dir:  # a project directory of the team: setgid, group-writable
+            os.chown(base, uid(team.owner), grp.getgrnam(team.group).gr_gid)
+            os.chmod(base, 0o2775)
+        else:  # the owner's own folder, like a home directory
+            os.chmod(base, 0o755)
+            os.chown(base, uid(team.owner), -1)
         made.append(base)
         root = base / "run"
         cfg = make_config(
@@ -153,13 +199,16 @@ def shared_run(team):
         )
 
         def setup() -> list[str]:
+            if team_dir:  # as `runctl submit` makes it
+                prepare_run_dir(cfg, root)
+                return []
             root.mkdir()
             for sub in ("jobs", "heartbeats", "checkpoints"):
                 (root / sub).mkdir()
             (root / "run.yaml").write_text(dump_config(cfg))
             return prepare_permissions(RunPaths.of(root), cfg.operators)
 
-        warnings, out = as_user(team.owner, setup)
+        warnings, out = as_user(team.owner, setup, umask=0o002 if team_dir else None)
         assert not isinstance(warnings, BaseException), out
         return RunPaths.of(root)
 

@@ -19,16 +19,17 @@ import pytest
 import yaml
 from attack_env import as_user, uid
 from fakes import make_config
+from rich.console import Console
 
 from orchestrator.cli.main import main
-from orchestrator.cli.submit_cmd import format_job_table
 from orchestrator.cluster.local import ClusterError, LocalCluster
 from orchestrator.config import ConfigError, dump_config, load_config
+from orchestrator.contract import RunPaths, append_jsonl, atomic_write_json, verify_manifest
 from orchestrator.controller import exclude
-from orchestrator.dashboard import dashboard_data, render_dashboard
+from orchestrator.dashboard import status_data
 from orchestrator.notify import notify
-from orchestrator.protocol import RunPaths, append_jsonl, atomic_write_json, verify_manifest
 from orchestrator.slurm.render import render_sbatch
+from orchestrator.status_screen import job_table, render_status
 
 REPO = Path(__file__).resolve().parents[2]
 ANSI = "\x1b[2J\x1b[H\x1b]0;pwned\x07\x9b31m"
@@ -73,7 +74,7 @@ def test_reasons_reach_the_terminal_as_one_inert_line(tmp_path):
 
     paths.control.mkdir()
     atomic_write_json(
-        exclude.exclude_path(paths),
+        paths.exclude_list,
         {"nodes": {"node01": {"since": 0, "reason": ANSI + FAKE_LINE, "by": "x" + ANSI}}},
     )
     rc, out = runctl(["nodes", str(paths.root)])
@@ -82,9 +83,9 @@ def test_reasons_reach_the_terminal_as_one_inert_line(tmp_path):
 
     row = {
         "job_id": "1",
-        "state": "FAILED",
-        "exit_code": 1,
-        "outcome": "failed",
+        "state": "pending",  # its scheduler reason is shown
+        "exit_code": None,
+        "outcome": None,
         "nodes": [],
         "submitted_at": None,
         "started_at": None,
@@ -92,23 +93,31 @@ def test_reasons_reach_the_terminal_as_one_inert_line(tmp_path):
         "submit_reason": ANSI,
         "reason": FAKE_LINE,
     }
-    assert_inert(format_job_table([row]), 2)  # `runctl status`: header + one job
+    console = Console(file=io.StringIO(), width=200, force_terminal=False)
+    console.print(job_table([row], time.time()))  # `runctl status`: header, rule, one job
+    shown = console.file.getvalue()
+    assert_inert(shown, 3)
+    assert "\\n2026-11-30" in shown, "a newline is shown as \\n"
 
 
 def test_rich_markup_in_a_reason_does_not_break_the_live_view(tmp_path):
-    from rich.console import Console
-
     paths = own_run(tmp_path)
-    data = dashboard_data(paths.root)
+    data = status_data(paths.root)
     data["jobs"] = [
-        {"job_id": "1[/]", "reason": "[/][bold red]" + ANSI, "state": "RUNNING", "nodes": ["n[/]"]}
-    ]
-    data["events"] = [{"time": time.time(), "event": "kill_requested[/]", "reason": "[/]" + ANSI}]
-    data["excluded"] = {"node01": {"reason": "[/]" + ANSI}}
+        {"job_id": "1[/]", "why": "[/][bold red]" + ANSI, "submit_reason": "x", "state": "running",
+         "nodes": ["n[/]"], "reason": "[/]", "outcome": None, "exit_code": None, "started_at": None,
+         "ended_at": None, "submitted_at": time.time()}
+    ]  # fmt: skip
+    data["dashboard"]["events"] = [{"time": time.time(), "event": "kill_requested", "by": "[/]" + ANSI,
+                                    "reason": "[/]" + ANSI}, {"time": time.time(), "event": "x[/]"}]  # fmt: skip
+    data["dashboard"]["excluded"] = {"node01": {"reason": "[/]" + ANSI}}
+    data["warnings"] = ["[/][bold]" + ANSI]
     console = Console(file=io.StringIO(), width=200, force_terminal=False)
-    console.print(render_dashboard(paths.root, data))
+    console.print(render_status(data))
     shown = console.file.getvalue()
-    assert "[/][bold red]" in shown and "\x1b" not in shown
+    print(shown)
+    assert "[/][bold red]" in shown and "x[/]" in shown and "[/][bold]" in shown
+    assert not any(ch in shown for ch in "\x1b\x07\x9b")
 
 
 def test_webhook_url_is_redacted_when_a_post_fails():
@@ -197,8 +206,8 @@ def test_exclude_list_lock_times_out_with_a_clear_error(tmp_path, monkeypatch):
     paths = own_run(tmp_path)
     exclude.add_excluded(paths, ["node01"], reason="bad gpu", by="controller")
     monkeypatch.setattr(exclude, "LOCK_TIMEOUT_SECONDS", 0.3)
-    holder = os.open(paths.control / ".excluded-nodes.lock", os.O_RDWR)
-    fcntl.flock(holder, fcntl.LOCK_EX)  # a stuck `runctl nodes --clear` elsewhere
+    holder = os.open(paths.exclude_lock, os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # an owner's process stuck on the filesystem
     try:
         began = time.monotonic()
         with pytest.raises(exclude.ExcludeLockTimeout, match="held for more than"):

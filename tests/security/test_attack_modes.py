@@ -13,8 +13,8 @@ from pathlib import Path
 from attack_env import as_user, operators_of, uid
 from fakes import make_config
 
+from orchestrator.contract import RunPaths
 from orchestrator.operators import check_trust, prepare_permissions
-from orchestrator.protocol import RunPaths
 
 
 def mode_of(path) -> int:

@@ -13,10 +13,11 @@ import stat
 
 from attack_env import as_user, operators_of, runctl_as, uid
 
-from orchestrator.controller.requests import publish, read_requests
+from orchestrator.contract import RunPaths
+from orchestrator.contract.requests import publish_request
+from orchestrator.controller.requests import read_requests
 from orchestrator.errors import EXIT_PERMISSION
-from orchestrator.operators import QUARANTINE_NAME, prepare_permissions, read_audit
-from orchestrator.protocol import RunPaths
+from orchestrator.operators import prepare_permissions, read_audit
 from trainer.control import Controls
 
 SECRET = "-----BEGIN PRIVATE KEY----- owner's secret"
@@ -69,10 +70,10 @@ def test_symlink_planted_in_control_is_never_followed(team, shared_run):
 
     got = intake(team, paths)
     assert "kill" not in got.requests
-    moved = [e for e in got.events if e["event"] == "quarantined"]
-    assert moved and moved[0]["kind"] == "symbolic link" and moved[0]["user"] == team.oncall
+    moved = [e for e in got.events if e.KIND == "quarantined"]
+    assert moved and moved[0].kind == "symbolic link" and moved[0].user == team.oncall
     assert SECRET not in audit_text(paths)
-    assert os.path.islink(moved[0]["moved_to"]) and secret.read_text() == SECRET
+    assert os.path.islink(moved[0].moved_to) and secret.read_text() == SECRET
     # Nothing lost: a genuine request after the attack is accepted.
     drop(team.oncall, paths.control_request("kill"), {"reason": "real one"})
     assert intake(team, paths).requests["kill"].user == team.oncall
@@ -101,14 +102,14 @@ def test_request_is_authenticated_by_file_owner_and_trainer_obeys_only_accepted(
     assert (request.user, request.uid, request.now) == (team.oncall, uid(team.oncall), True)
     assert "\n" not in request.reason and "\x1b" not in request.reason
     lines = read_audit(paths)
-    assert [(r["user"], r["allowed"], r["action"]) for r in lines] == [(team.oncall, True, "kill --now")]
+    assert [(r.user, r.allowed, r.action) for r in lines] == [(team.oncall, True, "kill --now")]
     again = intake(team, paths)  # processed once: no second audit line, no second event
     assert again.requests["kill"] == request and again.events == [] and len(read_audit(paths)) == 1
 
-    as_user(team.owner, lambda: publish(paths, request))
+    as_user(team.owner, lambda: publish_request(paths, request))
     assert stat.S_IMODE(paths.accepted_request("kill").stat().st_mode) == 0o644
     seen, out = as_user(team.owner, lambda: (controls.kill_requested(), controls.kill_request))
-    assert seen[0] is True and seen[1]["user"] == team.oncall, out
+    assert seen[0] is True and seen[1].user == team.oncall, out
     # An operator cannot write accepted/ (nor the audit trail) to skip the controller.
     for target in (paths.accepted / "kill", paths.audit):
         result, _ = as_user(team.oncall, lambda t=target: open(t, "a").write("{}"))
@@ -126,6 +127,30 @@ def test_touch_garbage_and_lists_are_kill_requests(team, shared_run):
         assert "kill" not in intake(team, paths).requests
 
 
+def test_rollback_request_is_authenticated_audited_with_its_ask_and_a_malformed_one_refused(team, shared_run):
+    """`runctl rollback`'s request: who asked from the file's owner, what was asked in the audit
+    record; an ask that is not a valid directive is refused (naming the field) and quarantined."""
+    paths = shared_run()
+    ask = {"to_step": 20, "skip_samples": [[160, 216]], "lr_scale": 0.5, "lr_scale_steps": 10}
+    drop(team.oncall, paths.control_request("rollback"), {"user": team.owner, "reason": "spike", "rollback": ask})
+    got = intake(team, paths)
+    request = got.requests["rollback"]
+    assert (request.user, request.rollback.to_step, request.rollback.skip_samples) == (team.oncall, 20, ((160, 216),))
+    audited = read_audit(paths)[-1]
+    assert (audited.user, audited.allowed, audited.action, audited.details) == (team.oncall, True, "rollback", ask)
+    as_user(team.oncall, lambda: paths.control_request("rollback").unlink())
+
+    bad = {"reason": "spike", "rollback": {"to_step": 20, "skip_samples": [[216, 160]]}}
+    drop(team.oncall, paths.control_request("rollback"), bad)
+    got = intake(team, paths)
+    assert "rollback" not in got.requests and not paths.control_request("rollback").exists()
+    refused = read_audit(paths)[-1]
+    assert (refused.user, refused.allowed, refused.action) == (team.oncall, False, "rollback")
+    [why] = [e.why for e in got.events if e.KIND == "request_refused"]
+    assert "skip_samples[0]" in why, why
+    assert len(os.listdir(paths.quarantine)) == 1
+
+
 def test_non_operator_request_and_hard_link_are_refused_and_quarantined(team, shared_run):
     paths = shared_run()
     result, _ = as_user(team.outsider, lambda: paths.control_request("kill").write_text("{}"))
@@ -136,9 +161,9 @@ def test_non_operator_request_and_hard_link_are_refused_and_quarantined(team, sh
     got = intake(team, paths)
     assert "kill" not in got.requests and not paths.control_request("kill").exists()
     refused = read_audit(paths)[-1]
-    assert (refused["user"], refused["allowed"]) == (team.outsider, False)
-    assert any(e["event"] == "request_refused" for e in got.events)
-    assert len(os.listdir(paths.root / QUARANTINE_NAME)) == 1
+    assert (refused.user, refused.allowed) == (team.outsider, False)
+    assert any(e.KIND == "request_refused" for e in got.events)
+    assert len(os.listdir(paths.quarantine)) == 1
 
     # A hard link to a file of the owner's would pass as the owner's request and leak its bytes
     # (made as root here: fs.protected_hardlinks stops users on this host, not on every site).
@@ -154,7 +179,7 @@ def test_fifo_and_oversized_request_do_not_block_and_are_handled_once(team, shar
     as_user(team.oncall, lambda: os.mkfifo(paths.control_request("resume")))
     drop(team.oncall, paths.control_request("kill"), "x" * 100_000)
     got = intake(team, paths)  # as_user fails the test if this blocks
-    assert got.requests == {} and len([e for e in got.events if e["event"] == "quarantined"]) == 2
+    assert got.requests == {} and len([e for e in got.events if e.KIND == "quarantined"]) == 2
     assert intake(team, paths).events == [], "handled once, not on every pass"
 
 
@@ -188,12 +213,12 @@ def test_audit_inbox_forgeries_fifos_lists_and_links(team, shared_run):
     as_user(team.outsider, plant)
     got = intake(team, paths)
     records = read_audit(paths)
-    assert [(r["user"], r["allowed"], r["action"]) for r in records] == [(team.outsider, False, "kill")], (
+    assert [(r.user, r.allowed, r.action) for r in records] == [(team.outsider, False, "kill")], (
         records
     )
     assert SECRET not in audit_text(paths)
     assert os.listdir(inbox) == [], "every inbox file handled once (recorded or quarantined)"
-    assert len([e for e in got.events if e["event"] == "quarantined"]) == 4
+    assert len([e for e in got.events if e.KIND == "quarantined"]) == 4
     assert intake(team, paths).events == []
     (paths.audit.open("a")).write("[1, 2]\n")  # a list line must not crash the reader either
     rc, out = runctl_as(team.oncall, ["events", str(paths.root), "--audit"])

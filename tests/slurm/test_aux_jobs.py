@@ -30,8 +30,8 @@ import yaml
 from orchestrator.cli.main import main
 from orchestrator.config import parse_config
 from orchestrator.config.load import resolve_paths
+from orchestrator.contract import RunPaths, read_jsonl
 from orchestrator.errors import EXIT_FAILURE
-from orchestrator.protocol import RunPaths, read_jsonl
 
 AUX_PARTITION = "auxtest"  # made by the fixture beside the cluster's default partition "debug"
 REPO = Path(__file__).resolve().parents[2]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.main import main
+from orchestrator.contract import RunPaths
 from orchestrator.runs import cancel_run, job_table, submit_run
 
 pytestmark = pytest.mark.slurm
@@ -99,8 +100,12 @@ def test_four_node_job_runs_one_rank_per_node_and_master_addr_resolves(
     out = (run_dir / "jobs" / f"slurm-{job}.out").read_text()
     print(out)
     assert (rows[0]["state"], rows[0]["exit_code"]) == ("completed", 0), out
-    ranks = {int(m.group(1)): m.group(0) for m in re.finditer(r"^RANK SLURM_PROCID=(\d+) .*$", out, re.M)}
+    # srun --label: every rank's line starts with its task number (what `runctl logs --rank` reads).
+    found = re.finditer(r"^(\d+): (RANK SLURM_PROCID=(\d+) .*)$", out, re.M)
+    ranks = {int(m.group(3)): m.group(2) for m in found if m.group(1) == m.group(3)}
     assert sorted(ranks) == [0, 1, 2, 3]
+    # Every rank reaches the address and port the launcher announced for launch 0.
+    port = re.search(r"runctl launcher: launch 0 on .* MASTER_PORT=(\d+)", out).group(1)
     hosts = set()
     for rank, line in ranks.items():
         fields = dict(f.split("=", 1) for f in line.split()[1:])
@@ -108,7 +113,7 @@ def test_four_node_job_runs_one_rank_per_node_and_master_addr_resolves(
         assert fields["SLURM_NTASKS"] == "4" and fields["SLURM_NNODES"] == "4"
         assert fields["SLURM_JOB_NODELIST"] == "node[01-04]" and fields["SLURM_JOB_ID"] == job
         assert (
-            fields["RESOLVED"] == "127.0.0.1" and fields["MASTER"] == f"127.0.0.1:{10000 + int(job) % 20000}"
+            fields["RESOLVED"] == "127.0.0.1" and fields["MASTER"] == f"127.0.0.1:{port}"
         )
         hosts.add(fields["SLURMD_NODENAME"])
     assert hosts == {"node01", "node02", "node03", "node04"}
@@ -127,7 +132,7 @@ def test_chain_of_three_singleton_jobs_runs_one_after_another(local_cluster, slu
         times = [
             float(t)
             for j, t in re.findall(
-                r"^SPAN (\d+) ([\d.]+)$", (run_dir / "jobs" / f"slurm-{job}.out").read_text(), re.M
+                r"^\d+: SPAN (\d+) ([\d.]+)$", (run_dir / "jobs" / f"slurm-{job}.out").read_text(), re.M
             )
         ]
         assert len(times) == 8  # 4 ranks x start/end
@@ -179,7 +184,7 @@ def test_the_ranks_exit_code_is_the_jobs_even_with_kill_on_bad_exit(local_cluste
     assert (ended["one_fails"]["state"], ended["one_fails"]["exit_code"]) == ("failed", 1)
     assert time.time() - started < 40, "--kill-on-bad-exit must end the other ranks without waiting for them"
     (job,) = runs["one_fails"].job_ids
-    first = (tmp_path / "one_fails" / "jobs" / job / "srun.stderr").read_text().splitlines()
+    first = RunPaths.of(tmp_path / "one_fails").launch_stderr(job, 0).read_text().splitlines()
     assert any("node03: task 2: Exited with exit code 1" in line for line in first[:2]), first
 
 
@@ -204,3 +209,62 @@ def test_scancel_signal_reaches_every_rank_and_the_job_goes_on(local_cluster, sl
     print(out)
     assert sorted(re.findall(r"rank (\d) got USR1", out)) == ["0", "1", "2", "3"]
     assert (row["state"], row["exit_code"], row["outcome"]) == ("failed", 18, "time_budget")
+
+
+HOSTLISTS = ["node[01-04]", "node[01-03,07],gpu-a[9-10],login1", "node[1-2]-ib[01-02]", "node[01-02,01]",
+             "n[9-11]", "node[08-10]", "a,b,c", "rack[1-2]n[01-02]"]  # fmt: skip
+
+
+def test_host_lists_expand_as_slurm_expands_them(local_cluster):
+    """python-hostlist (orchestrator/slurm/hostlist.py) against SLURM's own `scontrol show hostnames`."""
+    from orchestrator.slurm.hostlist import expand_hostlist
+
+    for text in HOSTLISTS:
+        proc = subprocess.run(["scontrol", "show", "hostnames", text], env=local_cluster.slurm_env(),
+                              capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+        assert expand_hostlist(text) == proc.stdout.split(), text
+
+
+def test_two_runs_of_one_config_do_not_wait_for_each_other(local_cluster, slurm_scheduler, tmp_path):
+    """The singleton key is the run (its job name has a hash of the run directory), not the config's
+    name: two run directories made from the one config run side by side (2 nodes each)."""
+    import yaml
+
+    data = yaml.safe_load(DEMO.read_text())
+    data["cluster"].update(nodes=2, gpus_per_node=2, python=sys.executable)
+    data["data"]["datasets"] = [{"path": str(REPO / "data" / "corpus" / "multilingual_text_document")}]
+    data["data"]["tokenizer"] = str(REPO / "data" / "tokenizer.json")
+    config = tmp_path / "two-nodes.yaml"
+    config.write_text(yaml.safe_dump(data))
+    marker = tmp_path / "both"
+    # Each job waits (up to 30 s) until the other run's job has started too.
+    wait = f"touch {marker}.$SLURM_JOB_ID; for i in $(seq 300); do [ $(ls {marker}.* | wc -l) -ge 2 ] && exit 0; sleep 0.1; done; exit 1"
+    results = [submit_run(config, tmp_path / name, slurm_scheduler, command=["bash", "-c", wait]) for name in ("a", "b")]
+    names = {r.job_name for r in results}
+    assert len(names) == 2, f"two runs share the singleton key: {names}"
+    rows = [wait_for(tmp_path / name, slurm_scheduler, all_ended, 60, f"run {name} ends")[0] for name in ("a", "b")]
+    assert [(r["state"], r["exit_code"]) for r in rows] == [("completed", 0)] * 2, rows
+
+
+def test_logs_reads_one_ranks_lines_of_srun_label_output(local_cluster, slurm_scheduler, tmp_path, capsys):
+    """`runctl logs RUN --rank N` on what SLURM's `srun --label` really writes: 12 tasks, so the
+    labels are right-aligned to two characters (` 3: ...`, `11: ...`)."""
+    from orchestrator.config import load_config
+    from orchestrator.runs import prepare_run_dir
+    from orchestrator.slurm.base import SubmitRequest
+
+    run_dir = tmp_path / "run"
+    prepare_run_dir(load_config(DEMO), run_dir)
+    script = tmp_path / "label.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH --nodes=4\n#SBATCH --output={run_dir}/jobs/slurm-%j.out\n"
+                      "echo 'not a rank line'\n"
+                      "srun --label --ntasks=12 --overcommit bash -c 'echo \"rank $SLURM_PROCID of $SLURM_NTASKS\"'\n")  # fmt: skip
+    job = slurm_scheduler.submit(SubmitRequest(script=script, job_name="label"))
+    deadline = time.time() + 60
+    while not slurm_scheduler.jobs([job])[job].state.is_terminal and time.time() < deadline:
+        time.sleep(0.3)
+    with capsys.disabled():
+        print((run_dir / "jobs" / f"slurm-{job}.out").read_text())
+    for rank in (3, 11):
+        assert main(["logs", str(run_dir), "--rank", str(rank)]) == 0
+        assert capsys.readouterr().out.splitlines() == [f"rank {rank} of 12"]

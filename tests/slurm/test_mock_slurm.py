@@ -4,6 +4,7 @@ execute mode (batch scripts really run here with an srun that starts the tasks).
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -115,6 +116,23 @@ def test_hold_release_cancel_and_exclude(mock_slurm_dir, tmp_path):
         assert expected in commands
 
 
+def test_a_reader_that_leaves_early_gets_no_traceback_from_the_mock(mock_slurm_dir, tmp_path):
+    """Every job script runs `scontrol show hostnames ... | head -n 1`: the mock's scontrol once
+    printed a BrokenPipeError traceback into every mock job's log. A list longer than a pipe's
+    buffer makes head leave before scontrol has written it all, every time."""
+    import subprocess
+
+    shims = tmp_path / "bin"
+    write_shims(shims, mock_slurm_dir)
+    proc = subprocess.run(
+        "scontrol show hostnames 'node[00001-20000]' | head -n 1", shell=True, capture_output=True, text=True,
+        env=dict(os.environ, PATH=f"{shims}:{os.environ['PATH']}"), timeout=60,
+    )  # fmt: skip
+    print(proc.stderr)
+    assert proc.stdout == "node00001\n"
+    assert proc.stderr == "", "a reader leaving early must not print anything into the job's log"
+
+
 def test_real_backend_drives_the_mock_through_shims(mock_slurm_dir, tmp_path):
     """What a team's CI does: the shims on PATH, and any tool (here our own SlurmScheduler)."""
     shims = tmp_path / "bin"
@@ -162,12 +180,14 @@ def test_execute_mode_runs_the_rendered_script_with_srun_tasks(mock_slurm_dir, t
     out = (run_dir / "jobs" / f"slurm-{job}.out").read_text()
     print(out)
     assert "NOT SLURM" in out
+    # Every rank gets the address and port the job's launcher announced for launch 0.
+    port = re.search(r"runctl launcher: launch 0 on .* MASTER_ADDR=127\.0\.0\.1 MASTER_PORT=(\d+)", out).group(1)
     for rank in range(4):
         assert (
-            f"task {rank}/4 local=0 node={rank} host=node0{rank + 1} nnodes=4 list=node[01-04] job={job} master=127.0.0.1:{10000 + int(job) % 20000}"
+            f"task {rank}/4 local=0 node={rank} host=node0{rank + 1} nnodes=4 list=node[01-04] job={job} master=127.0.0.1:{port}"
             in out
         )
-    # the ranks' exit code (18: time budget) comes back through srun and the batch script
+    # the ranks' exit code (18: time budget) comes back through srun and the launcher
     assert (info.state, info.exit_code) == (JobState.FAILED, 18)
     assert (run_dir / "jobs" / job / "slurm.out").resolve() == (
         run_dir / "jobs" / f"slurm-{job}.out"

@@ -8,7 +8,6 @@ command ran.
 from __future__ import annotations
 
 import copy
-import re
 import subprocess
 from pathlib import Path
 
@@ -118,9 +117,14 @@ def test_command_arguments_are_quoted_words(tmp_path):
     cfg = load_config(REPO / "configs" / "demo-cpu-4node.yaml")
     args = ["printf", "%s|", *hostile_values(canary)]
     script = render_sbatch(cfg, str(tmp_path), command=args)
-    srun_line = script[script.index("\nsrun ") :]
-    command_text = srun_line.split(" \\\n")[1]
+    exec_line = script[script.index("\nexec ") + 1 :]
+    assert exec_line.startswith(f"exec {cfg.cluster.python} -m orchestrator.launcher --run-dir {tmp_path} ")
+    command_text = exec_line[exec_line.index(" -- ") + 4 :]  # the launcher's own words are fixed and safe
     proc = subprocess.run(["bash", "-c", command_text], capture_output=True, text=True, cwd=tmp_path)
     assert not canary.exists()
     assert proc.stdout == "".join(f"{v}|" for v in hostile_values(canary))
-    assert re.search(r"--kill-on-bad-exit=1 --wait=\d+", srun_line)
+    # The same words, shown to the admin in the script's comments, stay comments (one line each).
+    shown = [line for line in script.splitlines() if line.startswith("#   srun ")]
+    assert shown and all("--kill-on-bad-exit=1" in line for line in shown)
+    proc = subprocess.run(["bash", "-n", "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0 and not canary.exists(), proc.stderr

@@ -143,7 +143,8 @@ def test_wait_status_hostlists_and_scontrol_records():
         "gpu-a10",
         "login1",
     ]
-    assert compress_hostlist(["node01", "node02", "node03", "node07", "login"]) == "node[01-03,07],login"
+    assert compress_hostlist(["node01", "node02", "node03", "node07", "login"]) == "login,node[01-03,07]"
+    assert expand_hostlist("node[01-02,01]") == ["node01", "node02", "node01"], "SLURM keeps a repeated name"
     names = [f"node{k:02d}" for k in range(1, 49)]
     assert expand_hostlist(compress_hostlist(names)) == names
     with pytest.raises(ValueError):

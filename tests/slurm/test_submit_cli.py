@@ -24,20 +24,30 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_dry_run_writes_run_dir_and_script_and_submits_nothing(mock_slurm_dir, tmp_path, capsys):
-    code, out, _ = run_cli(
-        capsys, "submit", str(BLOOM), "--run-dir", str(tmp_path / "bloom"), "--dry-run", "--json"
-    )
+def test_dry_run_writes_nothing_and_shows_the_script_and_the_chain(mock_slurm_dir, tmp_path, capsys):
+    run_dir = tmp_path / "bloom"
+    argv = ["submit", str(BLOOM), "--run-dir", str(run_dir), "--dry-run", "--skip-host-checks", "--chain", "5"]
+    code, out, _ = run_cli(capsys, *argv, "--json")
     assert code == 0
     result = json.loads(out)
-    script = Path(result["script"])
-    assert result["dry_run"] and result["job_ids"] == [] and script.exists()
-    assert "#SBATCH --nodes=52" in script.read_text()  # 48 + BLOOM's 4 spares
-    run_dir = Path(result["run_dir"])
-    assert load_config(run_dir / "run.yaml").name == "tr11-176B-ml"
-    for folder in ("jobs", "control", "heartbeats", "checkpoints"):
-        assert (run_dir / folder).is_dir()
+    assert result["dry_run"] and result["job_ids"] == [] and result["chain"] == 5
+    assert "#SBATCH --nodes=52" in result["script_text"]  # 48 + BLOOM's 4 spares
+    assert f"#SBATCH --job-name={result['job_name']}\n" in result["script_text"]
+    assert not run_dir.exists(), "a dry run must leave nothing on disk"
     assert MockScheduler(mock_slurm_dir).slurm.commands() == [], "a dry run must not call sbatch"
+    code, out, _ = run_cli(capsys, *argv)
+    print(out[:1200])
+    assert code == 0 and "would submit 5 jobs" in out and "job 5 starts when job 4 ends" in out
+    assert "#SBATCH --dependency=singleton" in out and not run_dir.exists()
+    # the config fixed after a first look: a second dry run into the same run directory works
+    data = yaml.safe_load(BLOOM.read_text())
+    data["cluster"]["time_limit"] = "20:00:00"
+    data["checkpoint"]["exit_duration_minutes"] = 1190
+    fixed = tmp_path / "fixed.yaml"
+    fixed.write_text(yaml.safe_dump(data))
+    code, out, err = run_cli(capsys, "submit", str(fixed), "--run-dir", str(run_dir), "--dry-run", "--skip-host-checks")
+    assert code == 0, err
+    assert "#SBATCH --time=20:00:00" in out and not run_dir.exists()
 
 
 def test_chain_status_and_cancel(mock_slurm_dir, tmp_path, capsys):
@@ -55,7 +65,7 @@ def test_chain_status_and_cancel(mock_slurm_dir, tmp_path, capsys):
     assert [r["job_id"] for r in rows] == ids and [r["state"] for r in rows] == ["pending"] * 3
     assert [r["submit_reason"] for r in rows] == ["submit", "chain", "chain"]
     code, out, _ = run_cli(capsys, "status", str(run_dir))  # the first job starts running
-    assert "running" in out and "Dependency" in out
+    assert "running" in out and "waits for the job before it (singleton)" in " ".join(out.split())
     code, out, _ = run_cli(capsys, "cancel", str(run_dir), "--json")
     assert code == 0 and sorted(json.loads(out)["cancelled"]) == sorted(ids)
     rows = job_table(run_dir, MockScheduler(mock_slurm_dir))
@@ -98,7 +108,7 @@ def test_submit_refuses_bad_configs_and_foreign_run_dirs(mock_slurm_dir, tmp_pat
     bad.write_text(yaml.safe_dump(data))
     code, _, err = run_cli(capsys, "submit", str(bad), "--dry-run", "--run-dir", str(tmp_path / "b"))
     assert code == EXIT_USAGE and "cluster.partition" in err
-    run_cli(capsys, "submit", str(DEMO), "--dry-run", "--run-dir", str(tmp_path / "r"))
+    assert run_cli(capsys, "submit", str(DEMO), "--run-dir", str(tmp_path / "r"))[0] == 0
     code, _, err = run_cli(capsys, "submit", str(BLOOM), "--dry-run", "--run-dir", str(tmp_path / "r"))
     assert code == EXIT_USAGE and "already holds another config" in err
     code, _, err = run_cli(capsys, "status", str(tmp_path / "nowhere"))
@@ -121,7 +131,7 @@ def test_submit_without_sbatch_and_without_asking_for_the_mock_is_an_error(tmp_p
 def test_a_slurm_timeout_is_labelled_as_the_controller_labels_it(mock_slurm_dir, tmp_path):
     """A job SLURM ended TIMEOUT after the trainer saved on the pre-timeout signal (exit 18): the
     run continues, for `runctl status` as for the controller (classify_end): "time_budget"."""
-    from orchestrator.controller.detection import classify_end  # the controller's import path
+    from orchestrator.contract import classify_end  # the one classification, the controller's too
     from orchestrator.runs import prepare_run_dir
 
     cfg = load_config(DEMO)

@@ -31,10 +31,12 @@ def free_port() -> int:
 def rank_env(rank: int, nranks: int, port: int, job_id: str = "local-test", nnodes: int = 1,
              extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    per_node = max(1, nranks // nnodes)
     env.update({
         "SLURM_PROCID": str(rank),
         "SLURM_NTASKS": str(nranks),
-        "SLURM_LOCALID": str(rank % max(1, nranks // nnodes)),
+        "SLURM_LOCALID": str(rank % per_node),
+        "SLURM_NODEID": str(rank // per_node),
         "SLURM_NNODES": str(nnodes),
         "SLURM_JOB_ID": job_id,
         "MASTER_ADDR": "127.0.0.1",
@@ -45,12 +47,16 @@ def rank_env(rank: int, nranks: int, port: int, job_id: str = "local-test", nnod
         "TRAINER_TENSORBOARD": env.get("TRAINER_TENSORBOARD", "0"),
         "PYTHONPATH": str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
     })
+    if nnodes > 1:  # emulated nodes on one host: SLURM's node name tells their heartbeat files apart
+        env["SLURMD_NODENAME"] = f"localnode{rank // per_node}"
     env.update(extra or {})
     return env
 
 
 def start(run_dir: Path, nranks: int = 1, env: dict[str, str] | None = None, job_id: str = "local-test",
-          nnodes: int = 1, rank_extra: dict[int, dict[str, str]] | None = None) -> list[subprocess.Popen]:
+          nnodes: int = 1, rank_extra: dict[int, dict[str, str]] | None = None,
+          module: str = "trainer", args: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+    """`python -m MODULE RUN_DIR ARGS...` (the trainer, or e.g. trainer.replay) as `nranks` ranks."""
     run_dir = Path(run_dir)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -60,7 +66,7 @@ def start(run_dir: Path, nranks: int = 1, env: dict[str, str] | None = None, job
         extra = {**(env or {}), **((rank_extra or {}).get(rank, {}))}
         log = open(logs / f"rank-{rank}.log", "ab")  # noqa: SIM115 (closed by wait())
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trainer", str(run_dir)], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", module, str(run_dir), *args], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
             env=rank_env(rank, nranks, port, job_id, nnodes, extra), start_new_session=True,
         )
         proc.log_file = log  # type: ignore[attr-defined]

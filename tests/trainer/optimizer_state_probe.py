@@ -72,7 +72,7 @@ def main(run_dir: str, out: str) -> None:
 
     import kernels
     from orchestrator.config import load_config
-    from orchestrator.protocol import RunPaths
+    from orchestrator.contract import RunPaths
     from trainer.launch import dist_env_from, init_distributed
     from trainer.loop import Overrides, Trainer
 

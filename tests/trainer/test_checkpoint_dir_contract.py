@@ -1,6 +1,6 @@
 """`checkpoint.dir` honoured by both sides: a real `python -m trainer` run with an ABSOLUTE
 checkpoint directory (BLOOM kept its checkpoints on a scratch filesystem), then the trainer's
-files, the controller's view (supervisor.checkpoint_dir) and the dashboard must all name the same
+files, the controller's view (Controller.ckpt_dir) and the dashboard must all name the same
 place, and nothing may land in the run directory's default checkpoints/."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.config import load_config
+from orchestrator.contract import MANIFEST_NAME
+from orchestrator.controller import Controller
 from orchestrator.controller.checkpoints import list_checkpoints
-from orchestrator.controller.supervisor import checkpoint_dir
 from orchestrator.dashboard import dashboard_data
-from orchestrator.protocol import MANIFEST_NAME, RunPaths
+from orchestrator.slurm.mock import MockScheduler
 from tests.trainer import launch_local
 from tests.trainer.runs import make_run_dir
 
@@ -31,7 +32,7 @@ def test_absolute_checkpoint_dir_is_where_trainer_controller_and_dashboard_look(
 
     # The controller: restart, crash-loop accounting and the disk check look here.
     cfg = load_config(run_dir / "run.yaml")
-    controller_dir = checkpoint_dir(RunPaths.of(run_dir), cfg)
+    controller_dir = Controller(run_dir, cfg, MockScheduler(tmp_path / "mock-slurm", execute=False)).ckpt_dir
     assert Path(controller_dir) == scratch
     assert [c.step for c in list_checkpoints(controller_dir) if c.complete] == [2, 3]
 

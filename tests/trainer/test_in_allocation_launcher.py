@@ -1,4 +1,4 @@
-"""`python -m trainer.in_allocation` as a real process, against fake srun/squeue/scancel/scontrol
+"""`python -m orchestrator.launcher` (every job's program) as a real process, against fake srun/squeue/scancel/scontrol
 (tests/trainer/fake_slurm_steps.py) that play a planned outcome per step; the test plays the
 controller by writing decisions. The real-SLURM run of the same path, with the real trainer and
 controller, is tests/controller/test_e2e_slurm.py::test_sigkilled_rank_relaunched_on_a_spare_...
@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from fake_slurm_steps import install
 
-from orchestrator.allocation import Decision, read_allocation, write_decision
-from orchestrator.protocol import RunPaths
+from orchestrator.contract import Decision, RunPaths, read_allocation, write_decision
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "4242"
@@ -38,8 +37,8 @@ def launcher(tmp_path: Path):
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_DIR": str(fake),
                "FAKE_NODES": nodes, "SLURM_JOB_ID": JOB, "SLURM_JOB_NODELIST": "ignored-by-the-fake",
                "SLURM_NTASKS": "6", "PYTHONPATH": str(REPO)}
-        argv = [sys.executable, "-m", "trainer.in_allocation", "--run-dir", str(run), "--job-dir",
-                str(run / "jobs" / JOB), "--nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1",
+        argv = [sys.executable, "-m", "orchestrator.launcher", "--run-dir", str(run),
+                "--nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1",
                 "--srun-wait", "5", "--decision-seconds", str(decision_seconds)]
         argv += ["--health", "--health-seconds", "20"] if health else []
         proc = subprocess.Popen([*argv, "--", "/bin/true", "train"], env=env, cwd=REPO,
@@ -89,6 +88,20 @@ def test_failed_launch_relaunched_on_the_spare_after_the_decision(launcher):
     assert "--ntasks=4" in calls[1]["argv"]
     done = read_allocation(paths.allocation(JOB))
     assert (done.state, done.launch, done.spares, done.left_out) == ("ended", 1, [], {"node02": "test"})
+
+
+def test_without_spares_one_launch_and_the_job_ends_with_the_trainers_code(launcher):
+    """spare_nodes: 0, the degenerate case: no decision is awaited, no standby, one launch."""
+    start, paths, fake = launcher
+    stderr = "srun: error: node02: task 2: Exited with exit code 19\nsrun: error: node01: task 0: Terminated"
+    proc = start({"launch-0": {"rc": 143, "stderr": stderr}}, nodes="node01 node02", decision_seconds=0)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 19, out  # the trainer's config error, not srun's 143
+    assert [c["name"] for c in srun_calls(fake)] == ["launch-0"] and "--label" in srun_calls(fake)[0]["argv"]
+    done = read_allocation(paths.allocation(JOB))
+    assert (done.state, done.waits_for_decisions, done.exit_code) == ("ended", False, 19)
+    assert done.ended.failed_host == "node02" and "waiting" not in out
+    assert oct(paths.job_dir(JOB).stat().st_mode & 0o777) == "0o700"
 
 
 def test_no_decision_ends_the_job_with_the_first_failed_task_code(launcher):
@@ -163,14 +176,3 @@ def test_unhealthy_node_is_never_launched_on_and_too_many_end_the_job(launcher):
     proc.communicate(timeout=30)
     assert proc.returncode == 20  # ExitCode.UNHEALTHY_NODES: the controller restarts at job level
     assert [c["name"] for c in srun_calls(fake)] == ["health-check"]
-
-
-def test_exit_code_is_the_first_reported_task_s_when_it_exited_with_one():
-    from trainer.in_allocation import first_exit_code
-
-    assert first_exit_code("srun: error: node03: task 2: Exited with exit code 17\n"
-                           "srun: error: node01: task 0: Terminated") == 17
-    # A first task killed by a signal: srun's own code stands (not a peer's later 143).
-    assert first_exit_code("srun: error: node02: task 1: Killed\n"
-                           "srun: error: node01: task 0: Exited with exit code 143") is None
-    assert first_exit_code("no task lines at all") is None

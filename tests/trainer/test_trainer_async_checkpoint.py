@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import time
 
-from orchestrator.protocol import (
+from orchestrator.contract import (
     KILL_REQUEST,
     MANIFEST_NAME,
     ExitCode,
     RunPaths,
     atomic_write_json,
     read_jsonl,
+    read_latest,
 )
 from tests.trainer import launch_local
 from tests.trainer.checkpoint_compare import compare_checkpoints
@@ -41,7 +42,7 @@ def test_kill_during_async_write_loses_nothing_and_async_equals_sync(tmp_path):
     assert "TEST FAULT killwrite" in launch_local.read_log(asyn, 1)
 
     sync_paths, async_paths = RunPaths.of(sync), RunPaths.of(asyn)
-    assert ckpt.read_latest(async_paths) == "step_0000002"
+    assert read_latest(async_paths.checkpoints) == "step_0000002"
     partial = async_paths.checkpoint(4)
     assert partial.is_dir() and not (partial / MANIFEST_NAME).exists()
     assert ckpt.verify_manifest(async_paths.checkpoint(2)) == []
@@ -52,7 +53,7 @@ def test_kill_during_async_write_loses_nothing_and_async_equals_sync(tmp_path):
     # a NEW job resumes from `latest` (the async step 2) and ends exactly where the sync run did
     assert launch_local.run(asyn, 2, {"TRAINER_MAX_STEPS": "6"}, timeout=240) == [ExitCode.FINISHED] * 2
     assert "resumed from step_0000002" in launch_local.read_log(asyn)
-    assert ckpt.read_latest(async_paths) == "step_0000006"
+    assert read_latest(async_paths.checkpoints) == "step_0000006"
     for step in (4, 6):
         compare_checkpoints(sync_paths.checkpoint(step), async_paths.checkpoint(step))
 
@@ -68,6 +69,6 @@ def test_kill_switch_waits_for_the_write_in_flight(tmp_path):
     atomic_write_json(paths.accepted_request(KILL_REQUEST), {"user": "alice", "reason": "test"})
     assert launch_local.wait(procs, 120) == [ExitCode.KILLED], launch_local.read_log(run)
     last_step = read_jsonl(paths.metrics)[-1]["step"]
-    assert ckpt.read_latest(paths) == f"step_{last_step:07d}"
+    assert read_latest(paths.checkpoints) == f"step_{last_step:07d}"
     assert ckpt.verify_manifest(paths.checkpoint(last_step)) == []
     assert "waiting for the background write" in launch_local.read_log(run)

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from orchestrator.protocol import MANIFEST_NAME, RunPaths, read_jsonl
+from orchestrator.contract import (
+    RunPaths,
+    complete_checkpoints,
+    prune_checkpoints,
+    read_latest,
+    read_manifest,
+    write_latest,
+)
+from orchestrator.contract.manifest import read_damage_reports
 from trainer import checkpoint as ckpt
 
 
@@ -14,18 +22,18 @@ def fake_checkpoint(paths: RunPaths, step: int, manifest: bool = True, point_lat
     if manifest:
         ckpt.write_manifest(d, ckpt.hash_files_shared(d, ckpt.list_files(d)), {"step": step})
         if point_latest:
-            ckpt.write_latest(paths, d.name)
+            write_latest(paths.checkpoints, d.name)
     return d
 
 
 def test_manifest_lists_every_file_and_verifies(tmp_path):
     paths = RunPaths.of(tmp_path)
     d = fake_checkpoint(paths, 10)
-    manifest = ckpt.read_json(d / MANIFEST_NAME)
-    assert set(manifest["files"]) == {"mp_rank_00_model_states.pt", "rng/rank-00000.pt"}
-    assert manifest["files"]["rng/rank-00000.pt"]["size"] == 3
+    manifest = read_manifest(d)
+    assert set(manifest.files) == {"mp_rank_00_model_states.pt", "rng/rank-00000.pt"}
+    assert manifest.files["rng/rank-00000.pt"].size == 3
     assert ckpt.verify_manifest(d) == []
-    assert ckpt.read_latest(paths) == "step_0000010"
+    assert read_latest(paths.checkpoints) == "step_0000010"
 
 
 def test_corruption_truncation_and_missing_manifest_are_detected(tmp_path):
@@ -53,8 +61,8 @@ def test_resume_skips_damaged_newest_and_reports_it(tmp_path):
     fake_checkpoint(paths, 8, manifest=False)  # a save that died: not a candidate
     chosen = ckpt.find_resume_checkpoint(paths, job_id="j1")
     assert chosen.name == "step_0000004"
-    damaged = read_jsonl(paths.checkpoints / ckpt.DAMAGED_LOG)
-    assert [r["checkpoint"] for r in damaged] == ["step_0000006"] and damaged[0]["job_id"] == "j1"
+    damaged = read_damage_reports(paths.checkpoints)
+    assert [r.checkpoint for r in damaged] == ["step_0000006"] and damaged[0].job_id == "j1"
     assert newest.exists()  # never deleted
     # a checkpoint with a manifest but newer than `latest` (died between MANIFEST and latest) is ignored
     fake_checkpoint(paths, 10, point_latest=False)
@@ -65,23 +73,23 @@ def test_keep_last_never_deletes_latest_damaged_or_only_good(tmp_path):
     paths = RunPaths.of(tmp_path)
     for step in (1, 2, 3, 4, 5):
         fake_checkpoint(paths, step)
-    deleted = ckpt.cleanup_old_checkpoints(paths, keep_last=2)
+    deleted = prune_checkpoints(paths.checkpoints, keep_last=2)
     assert deleted == ["step_0000001", "step_0000002", "step_0000003"]
-    assert [d.name for _, d in ckpt.complete_checkpoints(paths)] == ["step_0000004", "step_0000005"]
+    assert [d.name for _, d in complete_checkpoints(paths.checkpoints)] == ["step_0000004", "step_0000005"]
     assert not list(paths.checkpoints.glob(".deleting-*"))
     # `latest` pointing at an older one (e.g. set by hand) protects it
     fake_checkpoint(paths, 6)
     fake_checkpoint(paths, 7)
-    ckpt.write_latest(paths, "step_0000004")
-    ckpt.cleanup_old_checkpoints(paths, keep_last=1)
-    names = [d.name for _, d in ckpt.complete_checkpoints(paths)]
+    write_latest(paths.checkpoints, "step_0000004")
+    prune_checkpoints(paths.checkpoints, keep_last=1)
+    names = [d.name for _, d in complete_checkpoints(paths.checkpoints)]
     assert names == ["step_0000004", "step_0000007"], names
     # a damaged (reported) checkpoint is never deleted
     ckpt.report_damaged(paths, paths.checkpoint(4), ["test"], "j")
-    ckpt.write_latest(paths, "step_0000007")
+    write_latest(paths.checkpoints, "step_0000007")
     fake_checkpoint(paths, 9)
-    ckpt.cleanup_old_checkpoints(paths, keep_last=1)
-    names = [d.name for _, d in ckpt.complete_checkpoints(paths)]
+    prune_checkpoints(paths.checkpoints, keep_last=1)
+    names = [d.name for _, d in complete_checkpoints(paths.checkpoints)]
     assert names == ["step_0000004", "step_0000009"], names
     # keep_last=1 with only one complete checkpoint: nothing to delete
-    assert ckpt.cleanup_old_checkpoints(paths, keep_last=1) == []
+    assert prune_checkpoints(paths.checkpoints, keep_last=1) == []

@@ -12,7 +12,20 @@ from pathlib import Path
 
 import torch
 
-from orchestrator.protocol import KILL_REQUEST, ExitCode, RunPaths, atomic_write_json, read_jsonl
+from orchestrator.contract import (
+    KILL_REQUEST,
+    ExitCode,
+    Heartbeat,
+    OperatorRequest,
+    RunPaths,
+    atomic_write_json,
+    complete_checkpoints,
+    read_heartbeats,
+    read_jsonl,
+    read_latest,
+)
+from orchestrator.contract.manifest import read_damage_reports
+from orchestrator.contract.requests import publish_request
 from tests.trainer import launch_local
 from tests.trainer.runs import make_run_dir
 from trainer import checkpoint as ckpt
@@ -63,8 +76,8 @@ def test_exact_resume_latest_keep_last_and_damaged_newest(tmp_path):
     b1 = launch_local.start(split, 1, {"TRAINER_STOP_AFTER_STEPS": "6"})
     assert launch_local.wait(a + b1, 240) == [ExitCode.FINISHED, ExitCode.TIME_BUDGET], launch_local.read_log(split)
     paths = RunPaths.of(split)
-    assert ckpt.read_latest(paths) == "step_0000006"
-    assert [d.name for _, d in ckpt.complete_checkpoints(paths)] == ["step_0000004", "step_0000006"]
+    assert read_latest(paths.checkpoints) == "step_0000006"
+    assert [d.name for _, d in complete_checkpoints(paths.checkpoints)] == ["step_0000004", "step_0000006"]
 
     # N/2 + checkpoint + a NEW process + N/2
     assert launch_local.run(split, 1, {"TRAINER_MAX_STEPS": "12"}, timeout=240) == [ExitCode.FINISHED]
@@ -89,8 +102,8 @@ def test_exact_resume_latest_keep_last_and_damaged_newest(tmp_path):
     assert launch_local.run(split, 1, {"TRAINER_MAX_STEPS": "12"}, timeout=240) == [ExitCode.FINISHED]
     log = launch_local.read_log(split)
     assert "SKIPPING damaged checkpoint step_0000012" in log and "resumed from step_0000010" in log
-    damaged = read_jsonl(paths.checkpoints / ckpt.DAMAGED_LOG)
-    assert damaged[-1]["checkpoint"] == "step_0000012" and "sha256" in damaged[-1]["problems"][0]
+    damaged = read_damage_reports(paths.checkpoints)
+    assert damaged[-1].checkpoint == "step_0000012" and "sha256" in damaged[-1].problems[0]
     assert list(paths.checkpoints.glob(".replaced-step_0000012-*")), "the damaged checkpoint must be kept"
     again = metrics_by_step(split)
     assert again[11]["loss"] == full[11]["loss"] and again[12]["loss"] == full[12]["loss"]
@@ -133,21 +146,21 @@ def test_kill_switch_and_time_budget_save_and_exit(tmp_path):
     deadline = time.time() + 180
     while time.time() < deadline and len(read_jsonl(RunPaths.of(killed).metrics)) < 6:
         time.sleep(0.2)
-    atomic_write_json(RunPaths.of(killed).accepted_request(KILL_REQUEST), {"user": "alice", "reason": "test"})
+    publish_request(RunPaths.of(killed), OperatorRequest(KILL_REQUEST, "alice", 1001, "test", False, time.time()))
     assert launch_local.wait(k + b, 240) == [ExitCode.KILLED, ExitCode.TIME_BUDGET]
     for run, reason in ((killed, "kill switch (by alice: test)"), (budget, "exit_duration_minutes=30.0")):
         paths = RunPaths.of(run)
         last_step = read_jsonl(paths.metrics)[-1]["step"]
-        assert ckpt.read_latest(paths) == f"step_{last_step:07d}"
+        assert read_latest(paths.checkpoints) == f"step_{last_step:07d}"
         assert ckpt.verify_manifest(paths.checkpoint(last_step)) == []
         assert reason in launch_local.read_log(run)
     budget_metrics = read_jsonl(RunPaths.of(budget).metrics)
     assert [(r["step"], r["skipped"]) for r in budget_metrics] == [(1, True)]
     assert "optimizer AdamW" in launch_local.read_log(budget)  # fp32: no BF16_Optimizer
     assert "(time interval)" in launch_local.read_log(killed)
-    beat = json.loads(RunPaths.of(killed).heartbeat(0).read_text())
-    assert beat["phase"] == "exiting" and beat["job_id"] == "local-test"
-    assert beat["extra"]["exit_code"] == ExitCode.KILLED and beat["extra"]["exit_reason"] == "killed"
+    beat = Heartbeat.from_dict(json.loads(RunPaths.of(killed).heartbeat(0).read_text()))
+    assert beat.phase == "exiting" and beat.job_id == "local-test"
+    assert beat.exit_code == ExitCode.KILLED and beat.exit_reason == "killed"
 
 
 def test_two_ranks_agree_when_only_rank1_gets_sigusr1(tmp_path):
@@ -155,7 +168,7 @@ def test_two_ranks_agree_when_only_rank1_gets_sigusr1(tmp_path):
     codes = launch_local.run(run, 2, {"TRAINER_FAULT": "sigusr1@step3:rank1"}, timeout=240)
     assert codes == [ExitCode.TIME_BUDGET, ExitCode.TIME_BUDGET], launch_local.read_log(run, 1)
     paths = RunPaths.of(run)
-    assert ckpt.read_latest(paths) == "step_0000003"
+    assert read_latest(paths.checkpoints) == "step_0000003"
     assert ckpt.verify_manifest(paths.checkpoint(3)) == []
     assert {p.name for p in (paths.checkpoint(3) / "rng").iterdir()} == {"rank-00000.pt", "rank-00001.pt"}
     assert "pre-timeout signal SIGUSR1" in launch_local.read_log(run, 1)
@@ -169,22 +182,22 @@ def test_hung_loop_beats_without_progress_and_dumps_stacks(tmp_path):
     procs = launch_local.start(run, 1, {"TRAINER_FAULT": "hang@step3"})
     try:
         deadline = time.time() + 180
-        beat = {}
+        beat = None
         while time.time() < deadline:
-            try:
-                beat = json.loads(paths.heartbeat(0).read_text())
-            except (FileNotFoundError, json.JSONDecodeError):
-                pass
-            if beat.get("step") == 2:
+            beat = next(iter(read_heartbeats(paths.heartbeats)), None)
+            if beat is not None and beat.step == 2:
                 break
             time.sleep(0.1)
-        assert beat.get("step") == 2 and beat["phase"] == "step", beat
+        assert beat is not None and beat.step == 2 and beat.phase == "step", beat
+        time.sleep(0.5)  # the marks right after a step's progress (the agreement's wait) are done
+        beat = read_heartbeats(paths.heartbeats)[0]
         time.sleep(1.5)
-        later = json.loads(paths.heartbeat(0).read_text())
-        print(f"beat +{later['beat_time'] - beat['beat_time']:.2f}s, progress +"
-              f"{later['progress_time'] - beat['progress_time']:.2f}s")
-        assert later["beat_time"] - beat["beat_time"] > 1.0
-        assert later["progress_time"] == beat["progress_time"] and later["step"] == 2
+        later = read_heartbeats(paths.heartbeats)[0]
+        print(f"beat +{later.beat_time - beat.beat_time:.2f}s, progress +"
+              f"{later.progress_time - beat.progress_time:.2f}s")
+        assert later.beat_time - beat.beat_time > 1.0
+        assert later.progress_time == beat.progress_time and later.step == 2
+        assert later.progress_count == beat.progress_count > 0
         atomic_write_json(paths.accepted_request("dump-stacks"), {"user": "controller"})
         stacks = paths.stacks / "rank-00000.txt"
         while time.time() < deadline and not stacks.exists():

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.protocol import ExitCode, RunPaths, read_jsonl
+from orchestrator.contract import ExitCode, RunPaths, read_jsonl, read_latest
 from tests.trainer import launch_local
 from tests.trainer.checkpoint_compare import compare_checkpoints
 from tests.trainer.runs import make_run_dir
-from trainer import checkpoint as ckpt
 
 pytest.importorskip("deepspeed")
 
@@ -62,7 +61,7 @@ def test_split_run_with_dropout_dp2_zero1_equals_one_go(tmp_path, layout):
     print("losses:", [full[s]["loss"] for s in sorted(full)])
 
     paths_a, paths_b = RunPaths.of(one_go), RunPaths.of(split)
-    assert ckpt.read_latest(paths_a) == ckpt.read_latest(paths_b) == f"step_{2 * N:07d}"
+    assert read_latest(paths_a.checkpoints) == read_latest(paths_b.checkpoints) == f"step_{2 * N:07d}"
     counts = compare_checkpoints(paths_a.checkpoint(2 * N), paths_b.checkpoint(2 * N))
     assert counts["rng_files"] == ranks, counts  # one per rank
     zero_files = sorted(p.name for p in paths_b.checkpoint(2 * N).glob("*optim_states.pt"))

@@ -8,14 +8,16 @@ import signal
 import threading
 import time
 
-from orchestrator.protocol import (
+from orchestrator.contract import (
     DUMP_STACKS_REQUEST,
     KILL_REQUEST,
     Heartbeat,
+    OperatorRequest,
     Phase,
     RunPaths,
     atomic_write_json,
 )
+from orchestrator.contract.requests import publish_request
 from trainer import control
 from trainer.control import Controls
 from trainer.heartbeat import HeartbeatWriter
@@ -34,7 +36,7 @@ def test_heartbeat_fields_and_beat_moves_while_progress_stands(tmp_path):
         first = read_beat(paths, 3)
         assert (first.rank, first.world_size, first.job_id, first.pid, first.step, first.phase) == (
             3, 8, "77", os.getpid(), 11, "step")
-        assert first.extra["loss"] == 2.5 and first.host
+        assert first.loss == 2.5 and first.host
         time.sleep(0.4)  # the loop is "blocked": nobody calls progress()
         later = read_beat(paths, 3)
         print(f"beat moved {later.beat_time - first.beat_time:.3f}s, progress moved "
@@ -96,7 +98,7 @@ def test_control_flags(tmp_path):
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(0.05)
         assert c.signal_received == "SIGUSR1" and c.time_budget_reached()
-        atomic_write_json(paths.accepted_request(KILL_REQUEST), {"user": "alice", "reason": "bad loss"})
+        publish_request(paths, OperatorRequest(KILL_REQUEST, "alice", 1001, "bad loss", False, time.time()))
         decision = c.agree()
         assert decision.kill and decision.time_budget and decision.checkpoint_due
         assert "alice" in c.describe_stop(decision)
@@ -106,11 +108,11 @@ def test_control_flags(tmp_path):
 
 
 def test_heartbeat_reports_the_longest_checkpoint_and_eval(tmp_path):
-    """The controller learns per-phase timeouts from extra.durations, even when a whole save falls
+    """The controller learns per-phase timeouts from a beat's durations, even when a whole save falls
     between two of its passes."""
     import time as _time
 
-    from orchestrator.protocol import Phase, RunPaths
+    from orchestrator.contract import Phase, RunPaths
     from trainer.heartbeat import HeartbeatWriter
 
     hb = HeartbeatWriter(RunPaths.of(tmp_path), rank=0, world_size=1, job_id="t", interval_seconds=60)
@@ -118,7 +120,7 @@ def test_heartbeat_reports_the_longest_checkpoint_and_eval(tmp_path):
         hb.set_phase(Phase.CHECKPOINT, 1)
         _time.sleep(pause)
         hb.set_phase(Phase.STEP, 1)
-    durations = hb.snapshot().extra["durations"]
+    durations = hb.snapshot().durations
     print("reported durations:", durations)
     assert 0.15 <= durations["checkpoint"] < 1.0
     assert "step" not in durations and durations["init"] >= 0.0

@@ -38,7 +38,7 @@ def test_bad_integer_is_named():
 
 def test_world_size_mismatch_is_a_config_error(tmp_path):
     """run.yaml says 2 GPUs (dp=2) but one process starts: CONFIG_ERROR (19), never a restart loop."""
-    from orchestrator.protocol import ExitCode
+    from orchestrator.contract import ExitCode
     from tests.trainer import launch_local
     from tests.trainer.runs import make_run_dir
 

@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from orchestrator.protocol import ExitCode, RunPaths, read_jsonl
+from orchestrator.contract import ExitCode, RunPaths, read_jsonl
 from tests.parallel.trainer_layouts import compare_records, series
 from tests.trainer import launch_local
 from tests.trainer.runs import REPO_ROOT, make_run_dir
@@ -85,7 +85,7 @@ def _zero_moments(universal_dir) -> int:
         state = torch.load(path, weights_only=False)
         state["param"] = torch.zeros_like(state["param"])
         torch.save(state, path)
-    write_manifest(universal_dir, hash_files_shared(universal_dir, list_files(universal_dir)), {"zeroed": True})
+    write_manifest(universal_dir, hash_files_shared(universal_dir, list_files(universal_dir)), {"universal_from": "zeroed"})
     return len(files)
 
 

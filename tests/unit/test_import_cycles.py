@@ -1,11 +1,12 @@
-"""No import circle among the modules of orchestrator/ and trainer/ (reading the source with ast:
-nothing is imported, so this costs well under a second).
+"""No import circle among the modules of the house: orchestrator/, trainer/, kernels/ and
+simulation/ (reading the source with ast: nothing is imported, so this costs well under a second).
 
-Every import counts, also those inside a function: a deferred import still ties two modules
-together (mock.py <-> mock_exec.py was one). Only imports under `if TYPE_CHECKING:` are left out:
-they never run. When this fails it prints the circle; break it by
-moving what both sides need into a module that imports neither (e.g. slurm/mock_core.py,
-trainer/checkpoint_format.py).
+Every import counts, also those inside a function (a deferred import still ties two modules
+together: mock.py <-> mock_exec.py was one) and those under `if TYPE_CHECKING:` (two modules
+that name each other's types are one design: simulation's trainer <-> world was one). When this
+fails it prints the circle; break it by moving what both sides need into a module that imports
+neither (e.g. slurm/mock_core.py, trainer/checkpoint_format.py), or by naming what one side
+needs as a Protocol of its own (simulation/incarnation.py's Surroundings).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("orchestrator", "trainer")
+PACKAGES = ("orchestrator", "trainer", "kernels", "simulation")
 
 
 def module_name(path: Path) -> str:
@@ -24,32 +25,13 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def is_type_checking(node: ast.AST) -> bool:
-    test = node.test if isinstance(node, ast.If) else None
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def runtime_nodes(tree: ast.AST):
-    """Every node of the tree except the bodies of `if TYPE_CHECKING:` (their `else:` counts)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        if is_type_checking(node):
-            stack.extend(node.orelse)
-        else:
-            stack.extend(ast.iter_child_nodes(node))
-
-
-def imported_modules(path: Path, modules: set[str]) -> set[str]:
-    """The modules of `modules` that `path` imports, absolute or relative, anywhere in the file.
-    `from pkg import name` counts as importing pkg.name when that is a module, else pkg."""
-    name = module_name(path)
+def imported_modules(path: Path, modules: set[str], name: str | None = None) -> set[str]:
+    """The modules of `modules` that `path` (module `name`) imports, absolute or relative, anywhere
+    in the file. `from pkg import name` counts as importing pkg.name when that is a module, else pkg."""
+    name = name or module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in runtime_nodes(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -105,13 +87,18 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
-    typed = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\nelse:\n    import y\n")
-    assert {a.name for n in runtime_nodes(typed) if isinstance(n, ast.Import) for a in n.names} == {"y"}
 
 
-def test_no_import_cycle_in_orchestrator_and_trainer():
+def test_a_type_only_import_counts(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import world\n")
+    assert imported_modules(module, {"pkg.m", "pkg.world"}, name="pkg.m") == {"pkg.world"}
+
+
+def test_no_import_cycle_in_the_house():
     graph = import_graph()
     assert "orchestrator.slurm.mock_exec" in graph and "trainer.checkpoint" in graph  # the scan sees them
+    assert "simulation.world" in graph and "kernels.dispatch" in graph
     assert "orchestrator.slurm.mock_core" in graph["orchestrator.slurm.mock_exec"]  # and their imports
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)

@@ -3,7 +3,7 @@
     train_ds, valid_ds, test_ds = build_train_valid_test_datasets(
         data_prefixes, weights, split="949,50,1", num_samples=(train, valid, test),
         seq_length=2048, seed=1234, cache_dir=run_paths.data_cache, build_on_this_rank=rank == 0)
-    loader = build_data_loader(train_ds, consumed_samples, micro_batch_size, dp_rank, dp_size)
+    loader = build_data_loader(train_ds, consumed_samples, micro_batch_size, dp_rank, dp_size, skips=skips)
 
 Rank 0 calls with build_on_this_rank=True, then a barrier, then every other rank with False (they
 only memory-map the cache). Each dataset item is {"text": int64 [seq_length + 1]}; each loader
@@ -19,9 +19,10 @@ from trainer.data.gpt_dataset import GPTDataset, build_split_datasets
 from trainer.data.index_cache import IndexCacheMissing
 from trainer.data.indexed_dataset import MMapIndexedDataset
 from trainer.data.sampler import MegatronPretrainingSampler
+from trainer.data.skips import SampleSkips
 
 __all__ = [
-    "BlendedDataset", "GPTDataset", "IndexCacheMissing", "MMapIndexedDataset", "MegatronPretrainingSampler",
+    "BlendedDataset", "GPTDataset", "IndexCacheMissing", "MMapIndexedDataset", "MegatronPretrainingSampler", "SampleSkips",
     "build_data_loader", "build_train_valid_test_datasets", "train_valid_test_num_samples",
 ]
 
@@ -87,13 +88,15 @@ def train_valid_test_num_samples(train_samples: int | None, train_tokens: int | 
 
 
 def build_data_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int,
-                      num_workers: int = 0):
-    """A torch DataLoader of this DP rank's micro-batches, starting after `consumed_samples`."""
+                      num_workers: int = 0, skips: SampleSkips | None = None):
+    """A torch DataLoader of this DP rank's micro-batches, starting after `consumed_samples` (a
+    data position), never serving a position of `skips`."""
     import torch
 
     if dataset is None:
         return None
-    sampler = MegatronPretrainingSampler(len(dataset), consumed_samples, micro_batch_size, dp_rank, dp_size)
+    sampler = MegatronPretrainingSampler(len(dataset), consumed_samples, micro_batch_size, dp_rank, dp_size,
+                                         skips=skips)
     # The loader's own generator: without one, every new iterator draws its base seed from the
     # GLOBAL torch RNG, the one dropout uses. A resumed run creates its iterator right after the
     # checkpoint's RNG state is restored, so that extra draw shifted every dropout mask after a

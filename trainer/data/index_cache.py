@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.protocol import atomic_write_json, fsync_dir
+from orchestrator.contract import atomic_write_json, fsync_dir
 
 # Bump when the index algorithms change so old caches are not reused with new semantics.
 INDEX_ALGORITHM_VERSION = 1

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from orchestrator.protocol import atomic_write_json
+from orchestrator.contract import atomic_write_json
 from trainer.data.indexed_dataset import data_path, index_path
 from trainer.data.preprocess import preprocess
 

@@ -25,6 +25,7 @@ Checks, in order (trainer.health.checks, .gpu, .rendezvous):
     gpu_count, gpu_memory_errors, nvlink     (cluster.accelerator cuda only) via nvidia-smi
     site_command      instead of all of the above when health_check.command is set
     allreduce         across every task of the step, with attribution of a node that cannot join
+                      (its store's keys under a secret token in JOB_DIR/health/, 0700: secret.py)
 
 Exit codes: 0 the check ran and its file is written (whatever it found); 2 bad arguments or a node
 name unfit for a file name; 19 (ExitCode.CONFIG_ERROR) run.yaml refused; 1 anything else that

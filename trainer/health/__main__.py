@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from orchestrator.protocol import ExitCode, RunPaths, atomic_write_json
+from orchestrator.contract import ExitCode, RunPaths, atomic_write_json
 from trainer.faults import health_faults
 from trainer.health.checks import (
     Check,
@@ -117,6 +117,18 @@ def check_torch_cuda() -> Check:
     return Check("torch_cuda", True, f"torch {torch.__version__} sees {count} GPU(s)")
 
 
+def private_dir(health_dir: Path) -> None:
+    """health/ of the job, 0700 (the rendezvous token lives there: trainer/health/secret.py); a
+    planted symlink, or a folder of another user, is refused."""
+    fd = open_dir_nofollow(health_dir, health_dir.parent, create=True)
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise PermissionError(f"{health_dir} belongs to another user: remove it")
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
 def run(args: argparse.Namespace, started: float) -> int:
     env = dict(os.environ)
     try:
@@ -134,7 +146,7 @@ def run(args: argparse.Namespace, started: float) -> int:
     paths = RunPaths.of(args.run_dir, cfg.checkpoint.dir)
     health_dir = Path(args.job_dir).resolve() / "health"
     health_dir.parent.mkdir(parents=True, exist_ok=True)
-    os.close(open_dir_nofollow(health_dir, health_dir.parent, create=True))  # refuses a planted symlink
+    private_dir(health_dir)
     # torch takes seconds to import (more from a shared filesystem): load it while the local checks
     # run, so that it eats less of the registration window.
     importer = threading.Thread(target=importlib.import_module, args=("torch.distributed",), daemon=True)
@@ -213,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
+    from orchestrator.filemodes import owner_umask
+
+    with owner_umask():  # before health/ and the node's file are made
+        code = main()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # gloo/NCCL threads must not turn the exit into a hang

@@ -1,8 +1,12 @@
 """The all-reduce across the allocation, and who to blame when a node cannot join it.
 
-One task per node. Rank 0 of the step (SLURM_PROCID 0) hosts a torch TCPStore; every task
-registers in it ("reg/<rank>" = its node and whether its own checks passed). Rank 0 closes the
-registration when every rank is in, or at the registration deadline, and publishes the roster:
+One task per node. Rank 0 of the step (SLURM_PROCID 0) hosts a torch TCPStore; every key lives
+under a secret prefix that only the job's owner can read (trainer/health/secret.py: another user
+on a node can reach the port, but cannot name, delete or forge a key). Every task registers in it
+("reg/<rank>" = its node and whether its own checks passed). Rank 0 closes the registration when
+every rank is in, or at the registration deadline; the ranks still missing then are asked once
+more ("retry" = their ranks: a rank that sees itself there registers again) during a short second
+window; then rank 0 publishes the roster:
 
     {"members": [ranks whose own checks passed], "joined": {rank: node}, "missing": [ranks],
      "attributed": true if more than half of the ranks joined}
@@ -13,9 +17,13 @@ directory (health/.rendezvous-<job>.<step>.roster, JSON written atomically by ra
 (gloo on CPU, NCCL on GPU) and check the sum.
 
 Who is blamed (the rule, and why):
-- A node missing from a roster that more than half of the allocation joined could not reach a
-  store that the majority reached: it is the culprit (its own file says so when it can still
-  write one; the launcher treats a missing file as unhealthy anyway). Rank 0's file names it.
+- A node is never blamed only because its registration is missing from the roster. It is asked
+  once more (the retry above); a node that registered (twice, if asked) and is still missing
+  blames nobody: the store lost it, or someone did.
+- A node whose own attempt failed (it could not reach the store, or registered only after the
+  roster was out) while more than half of the allocation joined failed alone: it is the culprit
+  (its own file says so when it can still write one; the launcher treats a missing file as
+  unhealthy anyway). Rank 0's file names the missing nodes.
 - When half or fewer joined, or rank 0 could not host the store, or published no roster, the
   fault may be rank 0's node or the network: nobody is blamed ("blames_node": false in every
   file that can say it, and "allocation_problem" set), because excluding the healthy majority on
@@ -47,9 +55,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.protocol import UntrustedFileError, atomic_write_json, read_untrusted
+from orchestrator.contract import UntrustedFileError, atomic_write_json, loads_bounded, read_untrusted_json
+from orchestrator.slurm.nodes import node_address, slurm_hostnames
 from trainer.health.checks import Check, one_line
-from trainer.launch import node_address, slurm_hostnames
+from trainer.health.secret import TokenError, create_token, prefixed, read_token, token_file
 
 HEALTH_PORT_BASE = 61000
 HEALTH_PORT_SPAN = 4000
@@ -75,10 +84,13 @@ class Deadlines:
     store is up (not after its start): every node pays the same slow start (importing torch,
     from a shared filesystem at scale, or on a loaded machine), so a healthy peer that started
     with rank 0 is ready about when rank 0 is, and still has that window; at the latest at
-    `registration` (0.7 T). In the normal case everyone registers at once and nobody waits."""
+    `first_close` (0.65 T). The ranks still missing then are asked again for RETRY_WINDOW x T,
+    until `registration` (0.7 T) at the latest. In the normal case everyone registers at once
+    and nobody waits."""
 
     timeout: float
-    registration: float  # latest close of the roster; clients give up connecting
+    first_close: float  # latest close of the first registration window
+    registration: float  # latest close of the retry; clients give up connecting
     roster: float  # a registered rank gives up waiting for the roster
     collective: float  # the all-reduce and its process group
     hard: float  # the watchdog writes what is known and exits
@@ -86,13 +98,17 @@ class Deadlines:
     @classmethod
     def from_timeout(cls, start: float, timeout: float) -> Deadlines:
         t = timeout
-        return cls(t, start + 0.7 * t, start + 0.75 * t, start + 0.9 * t, start + 0.95 * t)
+        return cls(t, start + 0.65 * t, start + 0.7 * t, start + 0.75 * t, start + 0.9 * t, start + 0.95 * t)
 
     def close_registration(self, store_up: float) -> float:
-        return min(store_up + REGISTRATION_WINDOW * self.timeout, self.registration)
+        return min(store_up + REGISTRATION_WINDOW * self.timeout, self.first_close)
+
+    def close_retry(self, first_close: float) -> float:
+        return min(first_close + RETRY_WINDOW * self.timeout, self.registration)
 
 
 REGISTRATION_WINDOW = 0.4
+RETRY_WINDOW = 0.05  # of timeout_seconds (>= 30 s): 1.5 s or more, for a live rank to register again
 
 
 def store_address(env: Mapping[str, str]) -> str:
@@ -171,15 +187,28 @@ def _seconds_left(deadline: float) -> datetime.timedelta:
 
 
 # -- rank 0 ---------------------------------------------------------------------------------------
-def _collect_roster(store: Any, layout: Layout, local_ok: bool, deadline: float) -> dict[str, Any]:
-    store.set("reg/0", json.dumps({"node": layout.node, "ok": local_ok}))
-    keys = [f"reg/{r}" for r in range(layout.world)]
-    while time.monotonic() < deadline and not store.check(keys):
+def _gather(store: Any, world: int, joined: dict[int, dict[str, Any]], deadline: float) -> None:
+    """Add to `joined` each rank whose registration is in the store, until all are or `deadline`."""
+    while True:
+        for rank in range(world):
+            if rank not in joined and store.check([f"reg/{rank}"]):
+                try:
+                    joined[rank] = dict(loads_bounded(store.get(f"reg/{rank}")))
+                except (ValueError, TypeError):
+                    continue  # not a registration of ours: the rank stays missing
+        if len(joined) == world or time.monotonic() >= deadline:
+            return
         time.sleep(POLL_SECONDS)
-    joined = {}
-    for rank, key in enumerate(keys):
-        if store.check([key]):
-            joined[rank] = json.loads(store.get(key))
+
+
+def _collect_roster(store: Any, layout: Layout, local_ok: bool, deadlines: Deadlines) -> dict[str, Any]:
+    joined = {0: {"node": layout.node, "ok": local_ok}}  # rank 0 knows it is in
+    first_close = deadlines.close_registration(time.monotonic())
+    _gather(store, layout.world, joined, first_close)
+    missing = [r for r in range(layout.world) if r not in joined]
+    if missing:  # asked once more: a live rank whose registration the store lost registers again
+        store.set("retry", json.dumps(missing))
+        _gather(store, layout.world, joined, deadlines.close_retry(first_close))
     return {
         "members": [r for r, info in sorted(joined.items()) if info.get("ok")],
         "joined": {str(r): str(info.get("node", "?")) for r, info in joined.items()},
@@ -198,7 +227,7 @@ def _missing_detail(roster: dict[str, Any], world: int) -> str:
     shown = ", ".join(names[r] if names else f"rank {r}" for r in missing[:8]) + (
         " ..." if len(missing) > 8 else ""
     )
-    return f"; {shown} did not register within the window ({world - len(missing)} of {world} did): unhealthy"
+    return f"; {shown} did not register, even when asked again ({world - len(missing)} of {world} did)"
 
 
 def _step_nodes(world: int) -> list[str] | None:
@@ -244,9 +273,9 @@ def _all_reduce(store: Any, members: list[int], rank: int, backend: str, deadlin
     return f"{backend} all-reduce of {TENSOR_FLOATS * 4 >> 20} MiB over {size} node(s) in {seconds * 1000:.1f} ms"
 
 
-def _wait_for_done(store: Any, members: list[int], deadline: float) -> None:
-    """Rank 0 keeps the store up until the members are done with it."""
-    keys = [f"done/{r}" for r in members]
+def _wait_for_done(store: Any, ranks: list[int], deadline: float) -> None:
+    """Rank 0 keeps the store up until the ranks that joined are done with it."""
+    keys = [f"done/{r}" for r in ranks]
     while keys and time.monotonic() < deadline and not store.check(keys):
         time.sleep(POLL_SECONDS)
 
@@ -256,18 +285,16 @@ def _read_roster_file(path: Path, layout: Layout, deadline: float) -> dict[str, 
     a small regular file of our own user, never a symlink, for this job and step."""
     while time.monotonic() < deadline:
         try:
-            data, info = read_untrusted(path, max_bytes=1 << 20)
-            roster = json.loads(data)
+            roster, _ = read_untrusted_json(path, max_bytes=1 << 20, owner_uid=os.getuid())
             if (
-                info.st_uid == os.getuid()
-                and isinstance(roster, dict)
+                isinstance(roster, dict)
                 and roster.get("job_id") == layout.job_id
                 and roster.get("step_id") == layout.step_id
             ):
                 return roster
         except FileNotFoundError:
             pass
-        except (UntrustedFileError, ValueError):
+        except UntrustedFileError:
             return None
         time.sleep(0.5)
     return None
@@ -314,12 +341,16 @@ def check_allreduce(
 
     stage("rendezvous store")
     is_master = layout.rank == 0
+    secret = token_file(health_dir, layout.job_id, layout.step_id)
     try:
         # health_unreachable (TEST FAULT): this rank dials a port where nothing listens, so the
         # real connect-timeout path runs.
         port = layout.port + 1 if unreachable_fault and not is_master else layout.port
-        if not is_master:
+        if is_master:
+            token = create_token(secret)  # before the port opens: whoever reaches it finds the file
+        else:
             wait_for_port(layout.addr, port, deadlines.registration, rendezvous_file(health_dir, layout))
+            token = read_token(secret, deadlines.registration)
         store = TCPStore(
             layout.addr,
             port,
@@ -328,34 +359,42 @@ def check_allreduce(
             timeout=_seconds_left(deadlines.registration),
             wait_for_workers=False,
         )
+    except TokenError as exc:
+        if is_master:
+            _publish_store_failure(health_dir, layout, str(exc))
+        return _unattributed(f"no rendezvous token: {one_line(str(exc), 200)}: not attributable to one node")
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/DistNetworkError/TimeoutError
         if is_master:
-            atomic_write_json(
-                rendezvous_file(health_dir, layout),
-                {"store_failed": one_line(str(exc), 200), "job_id": layout.job_id, "step_id": layout.step_id},
-            )
+            _publish_store_failure(health_dir, layout, str(exc))
             return _unattributed(
                 f"cannot host the rendezvous store on port {layout.port}: {one_line(str(exc), 200)}"
             )
         stage("waiting for rank 0's roster file")
         return _unreachable(layout, health_dir, deadlines, "could not reach the rendezvous store")
+    store = prefixed(store, token)
     if is_master:
         stage("registration")
-        roster = _collect_roster(store, layout, local_ok, deadlines.close_registration(time.monotonic()))
+        roster = _collect_roster(store, layout, local_ok, deadlines)
         store.set("roster", json.dumps(roster))
         atomic_write_json(rendezvous_file(health_dir, layout), roster)
     else:
-        store.set(f"reg/{layout.rank}", json.dumps({"node": layout.node, "ok": local_ok}))
+        registration = json.dumps({"node": layout.node, "ok": local_ok})
+        late = store.check(["roster"])  # rank 0 gave up on us before we could register
+        store.set(f"reg/{layout.rank}", registration)
         stage("waiting for the roster")
         try:
-            store.wait(["roster"], _seconds_left(deadlines.roster))
-            roster = json.loads(store.get("roster"))
+            roster = _await_roster(store, layout.rank, registration, deadlines.roster)
         except Exception:  # noqa: BLE001
             return _unattributed(
                 "registered, but rank 0 published no roster in time: rank 0's node or the network"
             )
         if layout.rank in roster["missing"]:
-            return _unreachable(layout, health_dir, deadlines, "registered after the window closed")
+            if late:
+                return _unreachable(layout, health_dir, deadlines, "registered after the window closed")
+            return _unattributed(
+                "registered in time (and again when asked), yet missing from rank 0's roster: the store "
+                "lost the registration, or someone removed it; not attributable to this node"
+            )
     members: list[int] = roster["members"]
     extra = _missing_detail(roster, layout.world) if is_master else ""
     try:
@@ -374,17 +413,41 @@ def check_allreduce(
             "not attributable to one node"
         )
     finally:
-        if layout.rank in members:
-            _set_quietly(store, f"done/{layout.rank}")
+        # Every rank that got the roster says so, the skipped ones too: a node that failed its own
+        # checks may read the roster after the members are done, and rank 0 must not take the store
+        # down before it has (seen in CI: node02 "published no roster" while rank 0 had published it).
+        _set_quietly(store, f"done/{layout.rank}")
     if is_master:
-        stage("waiting for the members to finish")
-        _wait_for_done(store, members, deadlines.hard - 1.0)
+        stage("waiting for the nodes that joined to finish")
+        _wait_for_done(store, sorted(int(r) for r in roster["joined"]), deadlines.hard - 1.0)
     if not roster["attributed"]:
         check = _unattributed(
             f"{check.detail}; only {len(roster['joined'])} of {layout.world} nodes reached rank 0's "
             "store: suspect rank 0's node or the network, not one node"
         )
     return check
+
+
+def _await_roster(store: Any, rank: int, registration: str, deadline: float) -> dict[str, Any]:
+    """The roster, once rank 0 publishes it; on the way, register again once if rank 0 asks this
+    rank to (its first registration is not in the store). TimeoutError at `deadline`."""
+    asked = False
+    while time.monotonic() < deadline:
+        if store.check(["roster"]):
+            return loads_bounded(store.get("roster"))
+        if not asked and store.check(["retry"]) and rank in loads_bounded(store.get("retry")):
+            store.set(f"reg/{rank}", registration)
+            asked = True
+        time.sleep(POLL_SECONDS)
+    raise TimeoutError("no roster")
+
+
+def _publish_store_failure(health_dir: Path, layout: Layout, why: str) -> None:
+    """Rank 0 could not host the check: the ranks that wait for its roster file learn it at once."""
+    atomic_write_json(
+        rendezvous_file(health_dir, layout),
+        {"store_failed": one_line(why, 200), "job_id": layout.job_id, "step_id": layout.step_id},
+    )
 
 
 def _set_quietly(store: Any, key: str) -> None:

@@ -1,0 +1,120 @@
+"""`runctl ls ROOT`: the runs under a folder, with their state.
+
+A run is a folder with a run.yaml, at ROOT itself or up to MAX_DEPTH levels below it (e.g.
+/gpfs/runs/<user>/<run>). Its state is the controller's state.json, read by the controller's
+own reader (orchestrator.controller.state.load_state); whether a controller supervises it now is
+the run's lock (orchestrator.controller.lock). Nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from orchestrator.errors import EXIT_OK, UsageError
+
+MAX_DEPTH = 2
+MAX_RUNS = 1000  # a listing of a huge tree stops here and says so
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    ls = subparsers.add_parser(
+        "ls",
+        help="the runs under a folder, with their state",
+        description=f"List the run directories under ROOT (ROOT itself and up to {MAX_DEPTH} levels "
+        "below it): the run's name, the controller's status from state.json, its jobs, whether a "
+        "controller supervises it now, and when the controller last wrote its state.",
+    )
+    ls.add_argument("root", help="a folder that holds run directories, e.g. /gpfs/runs")
+    ls.add_argument("--json", action="store_true", help="one JSON list")
+    ls.set_defaults(func=run_ls)
+
+
+def find_runs(root: Path) -> tuple[list[Path], bool]:
+    """Run directories under `root`, sorted; True when the search stopped at MAX_RUNS."""
+    found: list[Path] = []
+    frontier = [root]
+    for depth in range(MAX_DEPTH + 1):
+        below: list[Path] = []
+        for folder in frontier:
+            if (folder / "run.yaml").is_file():
+                found.append(folder)
+                if len(found) >= MAX_RUNS:
+                    return sorted(found), True
+                continue  # a run's own folders (jobs/, checkpoints/) hold no runs
+            if depth < MAX_DEPTH:
+                try:
+                    below += [Path(e.path) for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
+                except OSError:
+                    continue  # unreadable: another team's runs
+        frontier = below
+    return sorted(found), False
+
+
+def describe_run(run_dir: Path, now: float) -> dict:
+    from orchestrator.contract import RunPaths  # noqa: PLC0415
+    from orchestrator.contract.state import load_state  # noqa: PLC0415
+    from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
+    from orchestrator.runs import run_name  # noqa: PLC0415
+
+    paths = RunPaths.of(run_dir)
+    row = {"run_dir": str(run_dir), "name": "?", "status": "?", "jobs": 0, "live_jobs": 0,
+           "controller": False, "state_age_seconds": None}  # fmt: skip
+    try:
+        row["name"] = run_name(paths)
+        state = load_state(paths)
+        row["controller"] = lock_holder(paths.root) is not None
+    except PermissionError:
+        row["status"] = "unreadable (not an operator)"
+        return row
+    except (OSError, ValueError) as exc:
+        row["status"] = f"unreadable ({type(exc).__name__})"
+        return row
+    if not paths.state.exists():
+        row["status"] = "submitted, never supervised"
+    else:
+        row["status"] = state.status.value
+        row["state_age_seconds"] = max(0.0, now - paths.state.stat().st_mtime)
+    row["jobs"] = len(state.jobs)
+    row["live_jobs"] = len(state.live_jobs())
+    return row
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    from orchestrator.textsafe import for_terminal  # noqa: PLC0415
+
+    root = Path(args.root)
+    if not root.is_dir():
+        raise UsageError(f"{root} is not a folder: give the folder that holds the run directories")
+    runs, truncated = find_runs(root)
+    now = time.time()
+    rows = [describe_run(run, now) for run in runs]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    if not rows:
+        print(f"no run directories (folders with a run.yaml) under {root}, {MAX_DEPTH} levels deep")
+        return EXIT_OK
+    table = [["NAME", "STATUS", "JOBS", "CONTROLLER", "UPDATED", "RUN DIR"]]
+    for r in rows:
+        jobs = f"{r['live_jobs']} live / {r['jobs']}"
+        table.append([for_terminal(r["name"]), r["status"], jobs, "running" if r["controller"] else "none",
+                      _age(r["state_age_seconds"]), for_terminal(r["run_dir"])])  # fmt: skip
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if truncated:
+        print(f"... stopped after {MAX_RUNS} runs: give a deeper ROOT")
+    return EXIT_OK

@@ -1,0 +1,608 @@
+"""events.jsonl: what the controller (and the aux-job commands) saw and did, one typed record a
+line. Each kind is a frozen dataclass below, with its fields: the supervisor writes these,
+and goodput, the report, the dashboard, the exporter and the simulation read them back as the
+same types (`read_events`), never as dicts.
+
+A line is {"event": KIND, "time": login-node epoch seconds, "version": N, **fields}. A field
+missing from an older line reads as its default (None, or empty); a line of an unknown kind
+reads as `UnknownEvent` (kept, never guessed at); a newer version is a ContractVersionError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time as _time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from .files import append_jsonl, check_version, read_jsonl
+from .values import number_or_none
+
+EVENT_VERSION = 1
+_KINDS: dict[str, type[Event]] = {}
+E = TypeVar("E", bound="Event")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    KIND: ClassVar[str] = ""
+    time: float | None = None  # stamped by the writer's clock when None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.KIND:
+            if cls.KIND in _KINDS:
+                raise TypeError(f"event kind {cls.KIND!r} defined twice")
+            _KINDS[cls.KIND] = cls
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {"event": self.KIND, "version": EVENT_VERSION, **_plain(data)}
+
+    def details(self) -> dict[str, Any]:
+        """The event's own fields (no kind, time or version), as JSON holds them: for people."""
+        data = self.to_dict()
+        for key in ("event", "time", "version"):
+            data.pop(key, None)
+        return data
+
+    def stamped(self: E, now: float) -> E:
+        return self if self.time is not None else dataclasses.replace(self, time=now)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Event:
+        check_version(data, "an events.jsonl line", EVENT_VERSION)
+        kind = data.get("event")
+        event_type = _KINDS.get(kind) if isinstance(kind, str) else None
+        stamp = data.get("time")
+        stamp = number_or_none(stamp)
+        if event_type is None:
+            return UnknownEvent(
+                time=stamp, name=str(kind), fields={k: v for k, v in data.items() if k != "event"}
+            )
+        values: dict[str, Any] = {"time": stamp}
+        for spec in dataclasses.fields(event_type):
+            if spec.name == "time":
+                continue
+            if spec.name in data:
+                values[spec.name] = data[spec.name]
+            elif spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+                values[spec.name] = None  # written before this field existed
+        return event_type(**values)
+
+
+def _plain(value: Any) -> Any:
+    """Tuples to lists, enums to their values: what JSON holds."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "value") and isinstance(value.value, (str, int)):
+        return value.value
+    return value
+
+
+def event_kinds() -> dict[str, type[Event]]:
+    return dict(_KINDS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnknownEvent(Event):
+    """A line of a kind this code does not know (written by a newer runctl, or by hand)."""
+
+    name: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.fields, "event": self.name, "time": self.time}
+
+
+def write_event(path: Path, event: Event, now: float | None = None) -> Event:
+    """Append one event to events.jsonl, stamped with `now` (default: this machine's clock)."""
+    stamped = event.stamped(_time.time() if now is None else now)
+    append_jsonl(path, stamped.to_dict())
+    return stamped
+
+
+def read_events(
+    path: Path, last: int | None = None, kinds: tuple[type[Event], ...] | None = None
+) -> list[Event]:
+    """Every event of the file (the last `last`), optionally only those of `kinds`."""
+    events = [Event.from_dict(record) for record in read_jsonl(path)]
+    if kinds is not None:
+        events = [e for e in events if isinstance(e, kinds)]
+    return events[-last:] if last else events
+
+
+# -- the controller itself --------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class ControllerStarted(Event):
+    KIND = "controller_started"
+    status: str
+    jobs: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PermissionsWarning(Event):
+    KIND = "permissions_warning"
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PassFailed(Event):
+    KIND = "pass_failed"
+    error: str
+    passes_failed_in_a_row: int
+    retry_in_seconds: float
+    where: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PassRecovered(Event):
+    KIND = "pass_recovered"
+    after_failed_passes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateNotSaved(Event):
+    KIND = "state_not_saved"
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Notified(Event):
+    KIND = "notified"
+    kind: str  # the notification's kind (notifications.events)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NotificationFailed(Event):
+    KIND = "notification_failed"
+    kind: str
+    problem: str
+
+
+# -- jobs ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class JobAdopted(Event):
+    KIND = "job_adopted"
+    job_id: str
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSubmitted(Event):
+    KIND = "job_submitted"
+    job_id: str
+    reason: str
+    exclude: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRequeued(Event):
+    KIND = "job_requeued"
+    job_id: str
+    state: str
+    requeues: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobEnded(Event):
+    KIND = "job_ended"
+    job_id: str
+    state: str
+    exit_code: int | None
+    outcome: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobsCancelled(Event):
+    KIND = "jobs_cancelled"
+    job_ids: list[str]
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntentExpired(Event):
+    KIND = "intent_expired"
+    intent: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerUnreachable(Event):
+    KIND = "scheduler_unreachable"
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerReachable(Event):
+    KIND = "scheduler_reachable"
+    after_seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Continue(Event):
+    """A job ended at its time budget with a checkpoint saved: the chain goes on."""
+
+    KIND = "continue"
+    job_id: str
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobTraining(Event):
+    """Rank 0 of a launch first beat in the step phase (goodput takes the load time from it)."""
+
+    KIND = "job_training"
+    job_id: str
+    launch: int = 0
+    step: int | None = None
+    checkpoint_load_seconds: float | None = None
+    init_seconds: float | None = None
+
+
+# -- failures and recovery ------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class JobWideStall(Event):
+    KIND = "job_wide_stall"
+    job_id: str
+    ranks_stalled: int
+    world_size: int
+    waiting_seconds: float
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failure(Event):
+    """One incident: `cause` is dead_rank, missing_rank, hang, job_stall, job_failed or launch_failed."""
+
+    KIND = "failure"
+    job_id: str
+    cause: str
+    failure_time: float
+    detection_time: float
+    last_step: int | None = None
+    ranks: list[dict[str, Any]] = field(default_factory=list)  # detection.Finding.as_dict(), a sample
+    ranks_affected: int | None = None
+    # A hang's ranks behind the others (detection.behind: Finding.as_dict()), and why they, or
+    # nobody, are named.
+    suspects: list[dict[str, Any]] = field(default_factory=list)
+    suspects_why: str | None = None
+    exit_code: int | None = None
+    srun_says: str | None = None
+    host: str | None = None
+    launch: int | None = None
+    nodes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restart(Event):
+    KIND = "restart"
+    job_id: str  # the job that trains next (the failed one itself when in_allocation)
+    in_allocation: bool
+    failed_job_id: str
+    cause: str
+    failure_time: float
+    detection_time: float
+    restart_time: float
+    resume_step: int
+    last_step: int | None = None
+    work_lost_steps: int | None = None
+    work_lost_seconds: float | None = None
+    excluded: list[str] = field(default_factory=list)
+    how: str = ""
+    restarts_without_progress: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstStepAfterRestart(Event):
+    KIND = "first_step_after_restart"
+    job_id: str
+    step: int
+    resume_step: int
+    resumed_from: int
+    seconds_since_failure: float
+    seconds_since_restart: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelaunchNotPossible(Event):
+    KIND = "relaunch_not_possible"
+    job_id: str
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExclusionCapped(Event):
+    KIND = "exclusion_capped"
+    job_id: str
+    cause: str
+    nodes: list[str]
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodesExcluded(Event):
+    KIND = "nodes_excluded"
+    nodes: list[str]
+    job_id: str
+    cause: str
+    excluded: list[str] = field(default_factory=list)  # the whole list after this change
+    until: float | None = None  # the probation's end (controller clock); None: until cleared
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExcludeFailed(Event):
+    KIND = "exclude_failed"
+    nodes: list[str]
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodesUnhealthy(Event):
+    KIND = "nodes_unhealthy"
+    job_id: str
+    nodes: dict[str, str]  # node: why
+    excluded: list[str] = field(default_factory=list)
+    why_not: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllocationUnreadable(Event):
+    KIND = "allocation_unreadable"
+    job_id: str
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStopped(Event):
+    KIND = "run_stopped"
+    status: str
+    message: str
+    by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StacksDumped(Event):
+    KIND = "stacks_dumped"
+    job_id: str
+    files: list[str] = field(default_factory=list)
+    ranks_answered: int = 0
+    ranks_expected: int = 0
+    directory: str = ""
+    flight_recorder: list[str] = field(default_factory=list)
+    flight_recorder_dumps: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StacksNotDumped(Event):
+    KIND = "stacks_not_dumped"
+    job_id: str
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerChange(Event):
+    node: str
+    job_id: str
+    score: float | None = None  # compute time over its peers' median, or over its own history
+    vs_median: float | None = None
+    vs_history: float | None = None
+    compute_seconds: float | None = None
+    slow_for_seconds: float | None = None
+    step: int | None = None
+    threshold: float | None = None
+    straggler_seconds: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Straggler(StragglerChange):
+    KIND = "straggler"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerRecovered(StragglerChange):
+    KIND = "straggler_recovered"
+
+
+# -- checkpoints and disk -------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class CheckpointCorrupt(Event):
+    KIND = "checkpoint_corrupt"
+    step: int | None
+    path: str
+    problem: str
+    action: str
+    reported_by_job: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointComplete(Event):
+    KIND = "checkpoint_complete"
+    step: int
+    saved_at: float | None = None
+    size_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Disk(Event):
+    KIND = "disk"
+    level: str  # ok, warning, critical
+    free_bytes: int | None = None
+    expected_bytes: int | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiskFullPaused(Event):
+    """A failure seen while the checkpoint filesystem cannot hold the next checkpoint: the run
+    pauses (no restart, no exclusion, no crash-loop count) until space is back."""
+
+    KIND = "disk_full_paused"
+    mount: str
+    free_bytes: int
+    needed_bytes: int
+    job_id: str | None = None
+    cause: str = ""  # the failure seen while the disk was full
+    to_delete: list[dict[str, Any]] = field(default_factory=list)  # {"path", "bytes", "why"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiskFullResumed(Event):
+    KIND = "disk_full_resumed"
+    mount: str
+    free_bytes: int
+    needed_bytes: int
+    paused_seconds: float | None = None
+    how: str = ""
+
+
+# -- operators ------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class RequestAccepted(Event):
+    KIND = "request_accepted"
+    request: str
+    user: str
+    uid: int
+    reason: str
+    now: bool = False
+    basis: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestRefused(Event):
+    KIND = "request_refused"
+    request: str
+    user: str
+    uid: int
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quarantined(Event):
+    KIND = "quarantined"
+    file: str
+    why: str
+    user: str
+    uid: int
+    kind: str  # what the file was: regular file, fifo, symbolic link, ...
+    size: int
+    moved_to: str | None = None
+    deleted: str | None = None
+    left_in_place: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuarantineSkipped(Event):
+    KIND = "quarantine_skipped"
+    file: str
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodesCleared(Event):
+    """An operator's authenticated nodes-clear request, carried out."""
+
+    KIND = "nodes_cleared"
+    by: str
+    reason: str
+    asked: list[str]  # the nodes the request named (empty with all_nodes)
+    all_nodes: bool = False
+    removed: list[str] = field(default_factory=list)  # those that were on the list
+    excluded: list[str] = field(default_factory=list)  # the whole list after this change
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodesClearFailed(Event):
+    """The list could not be changed (its lock, the disk): the request stays and is tried again."""
+
+    KIND = "nodes_clear_failed"
+    by: str
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrustProblem(Event):
+    """A file or folder the controller trusts became writable by someone else during the run,
+    found when a new job folder appeared (operators.check_trust): each problem says the fix."""
+
+    KIND = "trust_problem"
+    job_ids: list[str]  # the new job folders that made the controller look again
+    problems: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class KillRequested(Event):
+    KIND = "kill_requested"
+    by: str | None
+    reason: str | None
+    now: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class KillWithdrawn(Event):
+    KIND = "kill_withdrawn"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resumed(Event):
+    KIND = "resumed"
+    by: str | None
+    reason: str | None
+    previous: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResumeIgnored(Event):
+    KIND = "resume_ignored"
+    by: str | None
+    reason: str | None
+    why: str
+
+
+# -- auxiliary jobs (runctl preprocess|convert|export-hf|eval) ------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class AuxSubmitted(Event):
+    KIND = "aux_submitted"
+    kind: str  # preprocess, convert, export-hf, eval
+    job_id: str
+    where: str
+    user: str
+    host: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
+    log: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuxEnded(Event):
+    kind: str
+    job_id: str
+    where: str
+    user: str
+    log: str = ""
+    result: Any = None
+    error: str | None = None
+    traceback: str | None = None
+    state: str | None = None
+    seconds: float | None = None
+    error_log: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuxFinished(AuxEnded):
+    KIND = "aux_finished"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuxFailed(AuxEnded):
+    KIND = "aux_failed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuxDetached(AuxEnded):
+    """The command waiting for the job was interrupted; the job runs on."""
+
+    KIND = "aux_detached"

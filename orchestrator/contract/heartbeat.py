@@ -1,0 +1,462 @@
+"""A rank's heartbeat: what it is doing and whether it moves. Written by the trainer
+(trainer/heartbeat.py), read by the controller, the dashboard and the exporter through
+`read_heartbeats` only.
+
+Two clocks in one record: `beat_time` and `seq` move on a background thread (liveness);
+`progress_count` (the finest units of work done: a micro-batch forward or backward, a reduce, a
+chunk of a save; contract.Mark), `step`, `phase` and `phase_started` move only when the rank
+works (progress). A rank stuck in a collective keeps beating but stops progressing: a hang.
+`mark_gaps` holds, per phase, the longest gap the rank saw between two of its own marks: the
+controller learns its timeouts from it. Node clocks are never compared with the login node's:
+the controller judges by change, and the gaps are durations on the node's monotonic clock.
+
+    heartbeats/node-<host>.json   one file per node (NodeBeat): every rank of the node
+    heartbeats/rank-NNNNN.json    a rank alone on its node (before version 3: every rank)
+
+A node's local rank 0 writes its node file, gathering its peers' beats from node-local files
+(trainer/heartbeat.py): 48 files for BLOOM's 384 ranks, 2,048 for 16,384 GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .codes import Mark, Phase
+from .files import (
+    ContractError,
+    ContractVersionError,
+    atomic_write_text,
+    check_version,
+    deferred_collection,
+    loads_bounded,
+)
+from .paths import rank_file_name
+from .values import is_int, is_number
+
+HEARTBEAT_VERSION = 3  # 3: node files and fine progress; 2: a file per rank; 1: an `extra` dict
+HEARTBEAT_MAX_BYTES = 1 << 16  # a beat is ~700 bytes; anything bigger is not one
+NODE_BEAT_MAX_BYTES = 1 << 20  # 64 ranks a node at most, with room
+NODE_FILE = re.compile(r"node-([A-Za-z0-9][A-Za-z0-9_.\-]{0,127})\.json")
+
+
+@dataclass
+class Heartbeat:
+    rank: int
+    world_size: int
+    host: str  # SLURM's node name (SLURMD_NODENAME), else the hostname
+    job_id: str
+    pid: int
+    step: int
+    phase: Phase
+    beat_time: float  # node clock: for people, never compared with the login node's
+    progress_time: float
+    phase_started: float
+    # Which incarnation of the job wrote this beat: SLURM keeps the job id across a requeue, so
+    # SLURM_RESTART_COUNT and the process start time tell a requeued job's beats from the old ones;
+    # `launch` (RUNCTL_LAUNCH) tells a relaunch on a spare inside the job from the last launch.
+    restart_count: int = 0
+    process_started: float = 0.0
+    launch: int = 0
+    # Bumped on every write: liveness is whether a beat *changed*.
+    seq: int = 0
+    # Fine progress: marks done by this process (contract.Mark), the last one's kind, and per
+    # phase the longest gap between two of its own marks (not counting waits for peers).
+    progress_count: int = 0
+    progress_unit: str = ""
+    mark_gaps: dict[str, float] = field(default_factory=dict)
+    # What the loop reports. step_seconds: the duration of the steps since the last progress, per
+    # step, when nothing else (a save, an eval) happened in between (the step timeout is learned
+    # from it and from nothing else). durations: the longest completed init/checkpoint/eval.
+    step_seconds: float | None = None
+    durations: dict[str, float] = field(default_factory=dict)
+    # compute_seconds: this rank's compute time of step `compute_step`, waits for peers excluded;
+    # compute_group: ranks doing the same work (pipeline stage and TP rank): straggler detection.
+    compute_seconds: float | None = None
+    compute_step: int | None = None
+    compute_group: str = ""
+    loss: float | None = None
+    consumed_samples: int | None = None
+    # Set once after a resume: the step it resumed from and how long the load took.
+    resumed_from: int | None = None
+    checkpoint_load_seconds: float | None = None
+    # The id of the rollback directive (accepted/rollback) this incarnation applied at its start.
+    rollback_applied: str | None = None
+    # Set while exiting: the trainer's own exit code (when SLURM's is not known).
+    exit_code: int | None = None
+    exit_reason: str = ""
+    version: int = HEARTBEAT_VERSION
+
+    def __post_init__(self) -> None:
+        self.phase = Phase(self.phase)  # a writer may pass the value ("step")
+        self.job_id = str(self.job_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        # Shallow (asdict deep-copies: 4x slower): every field is a JSON value but `durations`,
+        # copied here, and `phase`, an enum written as its value.
+        data = {name: getattr(self, name) for name in _FIELD_NAMES}
+        data["phase"] = self.phase.value
+        data["durations"] = dict(self.durations)
+        data["mark_gaps"] = dict(self.mark_gaps)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @property
+    def incarnation(self) -> tuple[int, int]:
+        return (self.restart_count, self.launch)
+
+    @property
+    def waiting(self) -> bool:
+        """Its last mark entered a wait for its peers: it is not the one holding them up."""
+        return self.progress_unit == Mark.WAIT.value
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Heartbeat:
+        """Validated: a field of the wrong type is a ContractError naming it; a newer version is a
+        ContractVersionError. Version 1 beats (the loop's numbers in `extra`) are read too."""
+        if not isinstance(data, dict):
+            raise ContractError("heartbeat: expected a JSON object")
+        version = check_version(data, "heartbeat", HEARTBEAT_VERSION)
+        if version == 1 and isinstance(data.get("extra"), dict):
+            data = {**data["extra"], **{k: v for k, v in data.items() if k != "extra"}}
+        values: dict[str, Any] = {}
+        for name, value in data.items():
+            check = _CHECKS.get(name)
+            if check is None:  # not a field (or `version`, checked above)
+                continue
+            if check(value):
+                convert = _CONVERT.get(name)
+                values[name] = convert(value) if convert else value
+            elif name in _REQUIRED:
+                raise ContractError(f"heartbeat: field {name!r} has a bad value {str(value)[:80]!r}")
+            # else: a bad report (a NaN step time) loses that number, never the beat: a dropped
+            # beat would make a live rank look missing.
+        if len(values.keys() & _REQUIRED) != len(_REQUIRED):
+            missing = sorted(_REQUIRED - values.keys())
+            raise ContractError(f"heartbeat: field {missing[0]!r} is missing")
+        return cls(**values)
+
+
+_FIELD_NAMES = tuple(spec.name for spec in fields(Heartbeat))
+
+
+def _durations(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and len(value) <= 16
+        and all(isinstance(k, str) and is_number(x) for k, x in value.items())
+    )
+
+
+def _optional(check):
+    return lambda value: value is None or check(value)
+
+
+_CHECKS = {
+    "rank": lambda v: is_int(v) and v >= 0,
+    "world_size": lambda v: is_int(v) and v >= 1,
+    "host": lambda v: isinstance(v, str) and len(v) <= 256,
+    "job_id": lambda v: isinstance(v, (str, int)) and not isinstance(v, bool) and len(str(v)) <= 64,
+    "pid": is_int,
+    "step": lambda v: is_int(v) and v >= 0,
+    "phase": lambda v: isinstance(v, str),
+    "beat_time": is_number,
+    "progress_time": is_number,
+    "phase_started": is_number,
+    "restart_count": lambda v: is_int(v) and v >= 0,
+    "process_started": is_number,
+    "launch": lambda v: is_int(v) and v >= 0,
+    "seq": is_int,
+    "step_seconds": _optional(is_number),
+    "durations": _durations,
+    "progress_count": lambda v: is_int(v) and v >= 0,
+    "progress_unit": lambda v: isinstance(v, str) and len(v) <= 32,
+    "mark_gaps": _durations,
+    "compute_seconds": _optional(is_number),
+    "compute_step": _optional(is_int),
+    "compute_group": lambda v: isinstance(v, str) and len(v) <= 64,
+    "loss": _optional(is_number),
+    "consumed_samples": _optional(is_int),
+    "resumed_from": _optional(is_int),
+    "checkpoint_load_seconds": _optional(is_number),
+    "exit_code": _optional(is_int),
+    "rollback_applied": _optional(lambda v: isinstance(v, str) and len(v) <= 128),
+    "exit_reason": lambda v: isinstance(v, str),
+}
+_REQUIRED = frozenset(
+    (
+        "rank",
+        "world_size",
+        "host",
+        "job_id",
+        "pid",
+        "step",
+        "phase",
+        "beat_time",
+        "progress_time",
+        "phase_started",
+    )
+)
+_CONVERT = {
+    "job_id": str,
+    "phase": Phase.parse,
+    "durations": lambda v: {k: float(x) for k, x in v.items()},
+    "mark_gaps": lambda v: {k: float(x) for k, x in v.items()},
+}
+
+
+# -- node files -----------------------------------------------------------------------------------
+# What every rank of a node shares is written once, at the node's level; a rank's entry holds the
+# rest, without fields at their default: a node file of 8 ranks is ~3 KB.
+_NODE_LEVEL = ("host", "job_id", "world_size", "restart_count", "launch", "version")
+_DEFAULTS = {spec.name: spec.default for spec in fields(Heartbeat) if spec.default is not MISSING}
+
+
+@dataclass
+class NodeBeat:
+    """One node's heartbeat file: every rank of the node, gathered by its local rank 0. The node
+    file's own `seq` moves with each write (a dead gatherer stops it: every rank of the node then
+    looks dead); each rank's `seq` moves with that rank's own beats (a dead peer stops only its own)."""
+
+    host: str
+    job_id: str
+    world_size: int
+    restart_count: int
+    launch: int
+    ranks: list[Heartbeat]
+    version: int = HEARTBEAT_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        entries = []
+        for beat in self.ranks:
+            entry = beat.to_dict()
+            for name in _NODE_LEVEL:
+                del entry[name]
+            entries.append({k: v for k, v in entry.items() if v != _DEFAULTS.get(k, MISSING) and v != {}})
+        return {
+            "version": self.version,
+            "host": self.host,
+            "job_id": self.job_id,
+            "world_size": self.world_size,
+            "restart_count": self.restart_count,
+            "launch": self.launch,
+            "ranks": entries,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+
+def heartbeat_path(directory: Path, rank: int) -> Path:
+    """A rank alone on its node writes its own file (version 2 and before: every rank did)."""
+    return Path(directory) / rank_file_name(rank)
+
+
+def node_beat_path(directory: Path, host: str) -> Path:
+    name = f"node-{host}.json"
+    if not NODE_FILE.fullmatch(name):
+        raise ContractError(f"host {host[:80]!r} cannot name a heartbeat file (letters, digits, . _ - only)")
+    return Path(directory) / name
+
+
+def _write(path: Path, text: str, durable: bool) -> None:
+    """Atomically (a reader sees the old file or the new one). `durable=False` skips the fsyncs:
+    for the simulation's run directory on tmpfs, where they cost nothing but the calls."""
+    if durable:
+        atomic_write_text(path, text)
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def write_heartbeat(directory: Path, beat: Heartbeat, durable: bool = True) -> None:
+    """The file of a rank alone on its node."""
+    _write(heartbeat_path(directory, beat.rank), beat.to_json() + "\n", durable)
+
+
+def write_node_beat(directory: Path, node: NodeBeat, durable: bool = True) -> None:
+    _write(node_beat_path(directory, node.host), node.to_json() + "\n", durable)
+
+
+class HeartbeatReader:
+    """Every rank's last beat from heartbeats/, pass after pass. A file whose bytes did not change
+    since the last read is not parsed again, and a rank entry that did not change is not validated
+    again (the same Heartbeat object comes back; one that changed is checked field by field where
+    it changed, `_updated`): at 16,384 ranks most of a pass's work would otherwise be re-checking
+    what it checked a pass ago.
+
+    A file caught mid-replace, torn, too big, not a regular file, or not a valid beat is skipped
+    (beats are written atomically, so that only happens for a file being deleted, or for something
+    that is not a beat); a bad rank entry in a node file loses that entry only. Never follows a
+    symlink, never blocks. A beat of a newer contract version raises ContractVersionError: the
+    trainer and runctl disagree, and guessing would turn every rank into a missing one."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        # Per file: its bytes, its beats, and what they were read from (the node's own fields,
+        # and per rank its entry and its beat).
+        self._files: dict[str, tuple[bytes, list[Heartbeat], _Memory]] = {}
+
+    def read(self) -> list[Heartbeat]:
+        with deferred_collection():  # the controller defers it over its whole pass
+            return self._read()
+
+    def _read(self) -> list[Heartbeat]:
+        beats: list[Heartbeat] = []
+        files: dict[str, tuple[bytes, list[Heartbeat], _Memory]] = {}
+        # os.open with dir_fd and one os.read: about twice as fast as open()/scandir for 16k files.
+        try:
+            dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return beats
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            for name in os.listdir(dir_fd):
+                if name.startswith("node-"):
+                    found = NODE_FILE.fullmatch(name)
+                    if found is None:
+                        continue
+                    limit = NODE_BEAT_MAX_BYTES
+                elif name.startswith("rank-") and name.endswith(".json"):
+                    found, limit = None, HEARTBEAT_MAX_BYTES
+                else:
+                    continue
+                try:
+                    fd = os.open(name, flags, dir_fd=dir_fd)
+                except OSError:
+                    continue
+                try:
+                    raw = os.read(fd, limit)
+                except OSError:
+                    continue
+                finally:
+                    os.close(fd)
+                cached = self._files.get(name)
+                if cached is not None and cached[0] == raw:
+                    # Byte for byte what it held at the last pass (a node beats every
+                    # heartbeat_seconds, the controller reads every poll_seconds): no parsing.
+                    files[name] = cached
+                    beats.extend(cached[1])
+                    continue
+                try:
+                    data = loads_bounded(raw)
+                    if found is not None:
+                        entries, shared = _node_entries(data, found.group(1))
+                    else:
+                        entries, shared = [data], ()
+                    file_beats, memory = _entries(entries, shared, cached[2] if cached is not None else None)
+                except ContractVersionError:
+                    raise
+                except ValueError:  # ContractError is a ValueError
+                    continue
+                files[name] = (raw, file_beats, memory)
+                beats.extend(file_beats)
+        finally:
+            os.close(dir_fd)
+        self._files = files
+        return beats
+
+
+_Memory = tuple[tuple, dict[int, tuple[dict, Heartbeat]]]
+
+
+def _node_entries(data: Any, host: str) -> tuple[list, tuple]:
+    """A node file's rank entries and the node's own fields (_NODE_LEVEL, in that order)."""
+    if not isinstance(data, dict):
+        raise ContractError("node heartbeat: expected a JSON object")
+    check_version(data, "heartbeat", HEARTBEAT_VERSION)
+    entries = data.get("ranks")
+    if data.get("host") != host or not isinstance(entries, list) or len(entries) > 64:
+        raise ContractError(f"node heartbeat of {host}: not this node's, or no list of ranks")
+    get = data.get
+    return entries, (
+        get("host"),
+        get("job_id"),
+        get("world_size"),
+        get("restart_count"),
+        get("launch"),
+        get("version"),
+    )
+
+
+def _entries(entries: list, shared: tuple, before: _Memory | None) -> tuple[list[Heartbeat], _Memory]:
+    """The beats of a file's entries (a rank file: one entry, no shared fields). An entry equal to
+    the one read last time gives the same Heartbeat back; one that changed is checked where it
+    changed (`_updated`), when the node's own fields did not change. A bad entry in a node file
+    loses that entry only; a rank file's one entry raises."""
+    known = before[1] if before is not None and before[0] == shared else {}
+    node_fields = dict(zip(_NODE_LEVEL, shared, strict=True)) if shared else {}  # the node's own win
+    beats: list[Heartbeat] = []
+    memory: dict[int, tuple[dict, Heartbeat]] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            if not shared:
+                raise ContractError("heartbeat: expected a JSON object")
+            continue
+        rank = entry.get("rank")
+        cached = known.get(rank) if type(rank) is int else None
+        try:
+            beat = None
+            if cached is not None:
+                beat = cached[1] if cached[0] == entry else _updated(cached[1], cached[0], entry)
+            if beat is None:
+                beat = Heartbeat.from_dict({**entry, **node_fields} if shared else entry)
+        except ContractVersionError:
+            raise
+        except (ValueError, TypeError):
+            if not shared:
+                raise
+            continue
+        memory[beat.rank] = (entry, beat)
+        beats.append(beat)
+    return beats, (shared, memory)
+
+
+_ABSENT = object()
+# A field whose new value fails its check loses that value (from_dict's rule), back to its default.
+_RESET = {
+    spec.name: spec.default_factory if spec.default is MISSING else (lambda v=spec.default: v)
+    for spec in fields(Heartbeat)
+}
+
+
+def _updated(beat: Heartbeat, old: dict, new: dict) -> Heartbeat | None:
+    """`beat`, read from the record `old`, updated to the record `new` by checking only the fields
+    that changed (a beat moves seq, beat_time and its progress; the rest stays): the same result
+    as Heartbeat.from_dict(new), ~5x cheaper. None when the change is not a field's value (a field
+    appears or goes, the rank, the version or an unknown key changes): validate it all then."""
+    if len(old) != len(new):
+        return None
+    updated = object.__new__(Heartbeat)  # a shallow copy: 10x cheaper than copy.copy
+    updated.__dict__ = beat.__dict__.copy()  # (~20% cheaper than __dict__.update)
+    for name, value in new.items():
+        before = old.get(name, _ABSENT)
+        if before == value:
+            continue
+        check = _CHECKS.get(name)
+        if check is None or before is _ABSENT or name == "rank":
+            return None
+        if check(value):
+            convert = _CONVERT.get(name)
+            setattr(updated, name, convert(value) if convert else value)
+        elif name in _REQUIRED:
+            raise ContractError(f"heartbeat: field {name!r} has a bad value {str(value)[:80]!r}")
+        else:
+            setattr(updated, name, _RESET[name]())
+    return updated
+
+
+def read_heartbeats(directory: Path) -> list[Heartbeat]:
+    """Every rank's last beat (HeartbeatReader, without its memory between passes)."""
+    return HeartbeatReader(directory).read()

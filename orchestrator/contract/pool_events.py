@@ -1,0 +1,79 @@
+"""events.jsonl records of the node pool and of SLURM's word (issue 21): what SLURM says of a
+node before the controller blames it, stalls, probations, a pool too small to schedule the job,
+and jobs SLURM's answer does not list. Same rules as events.py (registered by kind on import;
+the contract package imports this module, so `read_events` always knows them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .events import Event
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobNotListed(Event):
+    """SLURM answered without this job (no accounting to ask): not an end while its ranks beat."""
+
+    KIND = "job_not_listed"
+    job_id: str
+    last_state: str
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeLeftToSlurm(Event):
+    """A node the controller would have excluded, but SLURM already drains or downs it."""
+
+    KIND = "node_left_to_slurm"
+    node: str
+    job_id: str
+    cause: str
+    slurm_state: str
+    slurm_reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeStalled(Event):
+    """A node's beats stopped and came back while its job lived (storage, a paging storm)."""
+
+    KIND = "node_stalled"
+    node: str
+    job_id: str
+    seconds: float
+    stalls_in_window: int
+    window_hours: float
+    excluded: bool = False  # this stall was one too many: the node is on probation now
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbationEnded(Event):
+    """Nodes back in the pool: their probation expired, or the policy released the oldest."""
+
+    KIND = "probation_ended"
+    nodes: list[str]
+    why: str
+    excluded: list[str] = field(default_factory=list)  # the list after the change
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolShort(Event):
+    """Critical: exclusions, down, drained and reserved nodes leave fewer than the job needs."""
+
+    KIND = "pool_short"
+    usable: int
+    needed: int
+    pool: int
+    excluded: list[str] = field(default_factory=list)
+    down: list[str] = field(default_factory=list)
+    drained: list[str] = field(default_factory=list)
+    reserved: list[str] = field(default_factory=list)
+    policy: str = "wait"
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolRecovered(Event):
+    KIND = "pool_recovered"
+    usable: int
+    needed: int
+    short_for_seconds: float | None = None

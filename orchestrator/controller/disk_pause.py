@@ -1,0 +1,148 @@
+"""A full disk that heals: the run pauses while the checkpoint filesystem cannot hold the next
+checkpoint, and resumes by itself once it can. Pure rules over what the pass observed.
+
+- A failure (a job that ended, ranks dead or hung) seen while the next checkpoint does not fit
+  (disk.DiskCheck.fits: free < expected size + margin) is the disk's, not a node's: nothing is
+  restarted, no node is excluded, nothing counts towards a crash loop. The failed job is
+  cancelled if it still runs and queued jobs are held (each would fail the same way). The status
+  becomes DISK_FULL; one event and one notification (instead of the failure's) name the
+  filesystem, the bytes free and needed, and what to delete (disk.what_to_delete).
+- A failure while already paused: cancelled and held as above, with nothing new to say.
+- Every pass while paused, the numbers and the advice are refreshed (state.disk_pause, what
+  `runctl status` shows). Once the next checkpoint fits: an event, and the held jobs are released
+  (or, with none queued, a job is submitted): a normal resume from the newest good checkpoint.
+Running jobs are never paused: a run that trains may still save once someone makes room, and
+the disk's warning and critical levels (upkeep.disk_level) have said so already.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from orchestrator.contract import JobState
+from orchestrator.contract import events as ev
+from orchestrator.contract.state import ControllerState, DiskPause, JobRecord, RunStatus
+
+from .actions import Action, Cancel, Hold, Notify, Record, Release, SetDiskPause, SetStatus, Submit
+from .disk import DiskCheck, gib
+
+ADVICE_IN_NOTIFICATION = 5  # paths named in the notification (all of them in state and the event)
+
+
+def pause_on_failure(
+    state: ControllerState,
+    *,
+    job_id: str,
+    cause: str,
+    job_running: bool,
+    check: DiskCheck,
+    to_delete: list[dict[str, Any]],
+    queued: list[JobRecord],
+    wall_now: float,
+) -> list[Action] | None:
+    """The actions of a pause, or None when the disk holds the next checkpoint (recover as usual)."""
+    if check.fits:
+        return None
+    actions: list[Action] = []
+    if job_running:
+        actions.append(Cancel((job_id,), f"failed ({cause}) while the checkpoint disk was full"))
+    # Only jobs that would start: one a person held stays theirs (never released by the pause).
+    to_hold = tuple(j.job_id for j in queued if j.state == JobState.PENDING.value)
+    if to_hold:
+        actions.append(Hold(to_hold))
+    pause = state.disk_pause
+    if pause is not None:
+        if to_hold:
+            actions.append(SetDiskPause(replace(pause, held_jobs=[*pause.held_jobs, *to_hold])))
+        return actions
+    pause = DiskPause(
+        mount=check.mount,
+        free_bytes=check.free_bytes,
+        needed_bytes=check.needed_bytes or 0,
+        since=wall_now,
+        job_id=job_id,
+        to_delete=list(to_delete),
+        held_jobs=list(to_hold),
+    )
+    actions += [
+        Record(
+            ev.DiskFullPaused(
+                mount=pause.mount,
+                free_bytes=pause.free_bytes,
+                needed_bytes=pause.needed_bytes,
+                job_id=job_id,
+                cause=cause,
+                to_delete=pause.to_delete,
+            )
+        ),
+        SetDiskPause(pause),
+        SetStatus(RunStatus.DISK_FULL),
+        Notify("disk", pause_message(pause, cause), {"mount": pause.mount, "job_id": job_id}),
+    ]
+    return actions
+
+
+def while_paused(
+    state: ControllerState, check: DiskCheck, to_delete: list[dict[str, Any]], wall_now: float
+) -> list[Action]:
+    """Every pass of a paused run: refresh what status shows, or resume once the checkpoint fits."""
+    pause = state.disk_pause
+    if pause is None or state.status.stopped or state.status.stopping:
+        return []
+    if not check.fits:
+        fresh = replace(
+            pause,
+            free_bytes=check.free_bytes,
+            needed_bytes=check.needed_bytes or 0,
+            to_delete=list(to_delete),
+        )
+        actions: list[Action] = [] if fresh == pause else [SetDiskPause(fresh)]
+        if state.status != RunStatus.DISK_FULL:  # e.g. a kill withdrawn while paused
+            actions.append(SetStatus(RunStatus.DISK_FULL))
+        return actions
+    live = {j.job_id: j for j in state.live_jobs()}
+    held = tuple(j for j in pause.held_jobs if j in live and live[j].ended_at is None)
+    if held:
+        how, resume = f"released held job(s) {', '.join(held)}", [Release(held)]
+    elif not live:
+        how, resume = "submitted a job", [Submit("resume after the checkpoint disk was full")]
+    else:
+        how, resume = "its queued job goes on", []
+    return [
+        Record(
+            ev.DiskFullResumed(
+                mount=pause.mount,
+                free_bytes=check.free_bytes,
+                needed_bytes=check.needed_bytes or 0,
+                paused_seconds=max(0.0, wall_now - pause.since),
+                how=how,
+            )
+        ),
+        SetDiskPause(None),
+        SetStatus(RunStatus.WAITING),
+        *resume,
+    ]
+
+
+def pause_message(pause: DiskPause, cause: str = "") -> str:
+    """The pause in words, for the notification and `runctl status`."""
+    seen = f" ({cause} in job {pause.job_id} while the disk was full)" if cause and pause.job_id else ""
+    head = (
+        f"run paused{seen}: {pause.mount} has {gib(pause.free_bytes)} free, the next checkpoint needs "
+        f"{gib(pause.needed_bytes)}; nothing is restarted and no node is blamed. "
+    )
+    if pause.to_delete:
+        listed = "; ".join(
+            f"{item.get('path')} ({gib(item.get('bytes') or 0)}: {item.get('why')})"
+            for item in pause.to_delete[:ADVICE_IN_NOTIFICATION]
+        )
+        more = len(pause.to_delete) - ADVICE_IN_NOTIFICATION
+        head += (
+            f"To make room, delete: {listed}"
+            + (f"; and {more} more (runctl status)" if more > 0 else "")
+            + ". "
+        )
+    else:
+        head += f"Nothing of the run's own can go: free space elsewhere on {pause.mount}. "
+    return head + "The run resumes by itself once there is room (checked every pass)"

@@ -1,0 +1,350 @@
+"""A simulated month of BLOOM: faults at a published rate against the real controller.
+
+Rate: Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models", sec. 3.3.4): 419 unexpected
+interruptions in 54 days of pre-training on 16,384 H100 GPUs, i.e. 419 / (54 x 24 x 16,384) =
+1.97e-5 per GPU-hour; on BLOOM's 384 GPUs, 7.6e-3 per hour: a job MTBF of 132 h, about 5.5
+interruptions in 30 days. Fault times are a seeded Poisson process at that rate.
+Mix (their Table 5, grouped, approximate): 58% GPU (faulty GPU, HBM3, SRAM, GSP, thermal: the
+rank is killed, srun reports the signal, its node is to blame); 13% software bugs (a rank raises,
+exit 1, no node to blame); 12% network (switch/cable, NIC, NCCL watchdog: a collective hangs, and NCCL's
+watchdog turns the hang into an abort of every rank: NCCL_* below);
+17% host (maintenance, PSU, chassis, CPU, memory, SSD: the node is lost).
+
+Honest anomalies (`anomalies="heavy"`), none of them a fault, each at a random time: every step's
+time times a lognormal factor (STEP_TAIL_SIGMA); every day a step 2.5x its usual time, a 5-minute eval and a 10-minute storage stall on one node (its writes
+block, it computes on); every week a 3-minute stall of the whole filesystem and a 2-minute
+slurmctld outage (Slurm 22.05's answers: errors, then a queue that lags 2 min); once a month a
+4-hour maintenance reservation of 4 nodes. Any `failure` they cause is a false positive.
+
+Accounting: the world's ledger charges every second of the month to one cause (world.py); the
+steps whose work survived (the last completion of each step index) are the useful time, the
+other step time is "recomputed". Each injected fault is matched with the controller's events: a
+`failure` event for the faulted job after the fault is a detection; a `failure` event for a job
+with no injected fault is a false positive; an excluded node that no fault touched is a false
+exclusion.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract import events as ev
+from orchestrator.planner import goodput, plan_run
+
+from .harness import Harness
+from .scenarios import bound_seconds
+
+SOURCE = (
+    'Dubey et al. 2024, "The Llama 3 Herd of Models", sec. 3.3.4: 419 unexpected interruptions '
+    "in 54 days on 16,384 GPUs"
+)
+RATE_PER_GPU_HOUR = 419 / (54 * 24 * 16384)
+FAULT_MIX = [  # (kind, share, what the simulation does, bound key)
+    ("gpu", 0.58, "a rank is killed by a GPU error (srun: Killed)", "job_end"),
+    ("software", 0.13, "a rank raises (exit 1)", "job_end"),
+    (
+        "network",
+        0.12,
+        "a collective hangs: all ranks beat, none progress; NCCL aborts every rank "
+        "(SIGABRT) after an async error (half of them, 8-60 s) or at its 10-min timeout",
+        "hang",
+    ),
+    ("host", 0.17, "a node is lost: its 8 ranks stop beating", "dead_rank"),
+]
+
+
+BOUND_OF = {kind: bound for kind, _, _, bound in FAULT_MIX}
+# NCCL_ASYNC_ERROR_HANDLING=1 (configs/bloom-176b.yaml): PyTorch's NCCL watchdog aborts the process
+# (SIGABRT, srun: "Aborted", exit 128 + 6) on an asynchronous NCCL error or when a collective
+# exceeds the process group's timeout (torch.distributed's NCCL default: 10 min). Assumed (no
+# published split): half of the network faults raise an async error that surfaces after the IB
+# transport's retries (8-60 s); the rest are silent hangs that the timeout turns into aborts.
+NCCL_TIMEOUT_SECONDS = 600.0
+NCCL_ASYNC_ERROR_SHARE = 0.5
+NCCL_ASYNC_ERROR_SECONDS = (8.0, 60.0)
+# Heavy-tailed step times (`anomalies="heavy"`): each step's time times a lognormal factor,
+# sigma 0.1 (median 1, 1 step in 1000 above 1.36x), on top of the daily 2.5x step. An assumption.
+STEP_TAIL_SIGMA = 0.1
+
+
+def draw_faults(rng: random.Random, hours: float, gpus: int, rate_x: float = 1.0) -> list[tuple[float, str]]:
+    rate = RATE_PER_GPU_HOUR * gpus * rate_x  # per hour
+    faults, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= hours:
+            return faults
+        pick, kind = rng.random(), FAULT_MIX[-1][0]
+        for name, share, _, _ in FAULT_MIX:
+            if pick < share:
+                kind = name
+                break
+            pick -= share
+        faults.append((t * 3600, kind))
+
+
+def run_soak(
+    run_dir: Path, days: float = 30.0, seed: int = 0, rate_x: float = 1.0, anomalies: str = "heavy"
+) -> dict[str, Any]:
+    """One simulated month (`days`) at `rate_x` times the published fault rate; `anomalies`:
+    "heavy" (the module docstring's) or "none"."""
+    if anomalies not in ("heavy", "none"):
+        raise ValueError(f"anomalies={anomalies!r}: use 'heavy' or 'none'")
+    rng = random.Random(seed + 1)
+    with Harness(run_dir, seed=seed, spare_nodes=8, cap_seconds=3600.0, dense_after_note=0.0) as h:
+        injected: list[dict[str, Any]] = []
+        for t, kind in draw_faults(rng, days * 24, h.cfg.cluster.gpus, rate_x):
+            # Dense from one beat and two polls before the fault (its last beat and marks are seen
+            # at poll resolution) until a minute after its detection bound.
+            pre = h.cfg.watchdog.heartbeat_seconds + 2 * h.poll
+            post = bound_seconds(h, BOUND_OF[kind], {}) + 60
+            h.at(t, _injector(h, kind, injected, rng), pre=pre, quiet=post)
+        honest = _heavy_tails(h, days, random.Random(seed + 2)) if anomalies == "heavy" else []
+        if anomalies == "heavy":
+            h.world.step_tail = (random.Random(seed + 3), STEP_TAIL_SIGMA)
+        h.run_until(days * 86400)
+        result = summarize(h, injected, days, rate_x)
+        return {**result, "anomalies": anomalies, "rate_x": rate_x, "seed": seed, "honest_slowness": honest}
+
+
+def _heavy_tails(h: Harness, days: float, rng: random.Random) -> list[dict[str, Any]]:
+    """Honest work that is slow, not stuck, each day at a random time: one step 2.5x its usual
+    time (micro-batches moving, slower) and one 5-minute eval. Passes are dense over each: any
+    `failure` they cause is a false positive."""
+    done: list[dict[str, Any]] = []
+
+    def slow(kind: str):
+        def act(t: float) -> None:
+            inc = h.world.running_incarnation()
+            if inc is None or inc.faulted_at is not None:
+                return
+            if kind == "step_2.5x":
+                inc.slow_steps.append(2.5)
+            else:
+                inc.forced_eval_seconds = 300.0
+            done.append({"t": t, "kind": kind, "job_id": inc.job_id})
+
+        return act
+
+    def node_stall(t: float) -> None:
+        inc = h.world.running_incarnation()
+        if inc is None:
+            return
+        node = inc.nodes[
+            rng.randrange(1, len(inc.nodes))
+        ]  # not rank 0's: its metrics write would block the step
+        h.world.stall_node_storage(t, node, 600.0)
+        done.append({"t": t, "kind": "node_storage_stall_600", "job_id": inc.job_id, "node": node})
+
+    def fs_stall(t: float) -> None:
+        h.world.stall_filesystem(t, 180.0)
+        done.append({"t": t, "kind": "fs_stall_180"})
+
+    def slurmctld_down(t: float) -> None:
+        h.world.slurm.outage(t, 120.0, "errors", 120.0)
+        done.append({"t": t, "kind": "slurmctld_outage_120"})
+
+    def maintenance(t: float) -> None:
+        inc = h.world.running_incarnation()
+        nodes = list(inc.nodes[-4:]) if inc is not None else []
+        if nodes:
+            h.world.slurm.reserve(nodes, t, t + 4 * 3600)
+            done.append({"t": t, "kind": "maintenance_4h", "nodes": nodes})
+
+    # Dense passes over a slurmctld outage: from one beat before it to a beat and two polls after
+    # it ends; over a silence (a node's storage, the filesystem) at its start and end, a pass per
+    # dead_after between (Harness.silence). A slow step and an eval keep their marks
+    # and beats moving (harness.py's spacing argument): no window; a pass sees each begin and end
+    # (the world's notes), tests/simulation/test_spacing.py checks dense passes change nothing.
+    w = h.cfg.watchdog
+    margin = w.heartbeat_seconds + 2 * w.poll_seconds
+    pre = w.heartbeat_seconds + w.poll_seconds
+    daily = (("step_2.5x", slow("step_2.5x"), None), ("eval_5min", slow("eval_5min"), None),
+             ("node_storage_stall_600", node_stall, 600.0))  # fmt: skip
+    weekly = (("fs_stall_180", fs_stall, 180.0), ("slurmctld_outage_120", slurmctld_down, 240.0))
+    end = days * 86400
+    for period, items in (
+        (86400.0, daily),
+        (7 * 86400.0, weekly),
+        (30 * 86400.0, (("maintenance", maintenance, 0.0),)),
+    ):
+        for k in range(math.ceil(days * 86400 / period)):
+            for _, act, lasts in items:
+                t = (k + rng.uniform(0.05, 0.95)) * period
+                if t < end:
+                    if lasts is None:
+                        h.at(t, act, window=False)
+                    elif act in (node_stall, fs_stall):
+                        h.silence(t, act, lasts)
+                    else:
+                        h.at(t, act, pre=pre, quiet=lasts + margin)
+    return done
+
+
+def _injector(h: Harness, kind: str, injected: list[dict[str, Any]], rng: random.Random):
+    def fire(t: float) -> None:
+        inc = h.world.running_incarnation()
+        record = {"t": t, "kind": kind, "job_id": getattr(inc, "job_id", None), "node": None}
+        if inc is None or inc.faulted_at is not None:
+            record["skipped"] = "no healthy job running (queue, restart): the fault hits idle nodes"
+        elif kind in ("gpu", "software"):
+            record["node"] = h.world.crash_rank(t, rng.randrange(h.world.world_size), by_signal=kind == "gpu")
+        elif kind == "network":
+            h.world.hang(t)
+            async_error = rng.random() < NCCL_ASYNC_ERROR_SHARE
+            delay = rng.uniform(*NCCL_ASYNC_ERROR_SECONDS) if async_error else NCCL_TIMEOUT_SECONDS
+            record["nccl_abort_after_seconds"] = round(delay, 1)
+            h.world.at(t + delay, lambda when: h.world.abort_all(when, inc))
+        else:
+            record["node"] = h.world.lose_node(t, inc.nodes[rng.randrange(len(inc.nodes))])
+        injected.append(record)
+
+    return fire
+
+
+def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: float = 1.0) -> dict[str, Any]:
+    wall = days * 86400
+    ledger = dict(h.world.ledger)
+    last_completion: dict[int, float] = {}
+    for index, seconds, _, _ in h.world.steps:
+        last_completion[index] = seconds
+    useful = sum(last_completion.values())
+    step_time = ledger.pop("step", 0.0)
+    lost = {
+        "detection_wait": ledger.pop("detection", 0.0),
+        "queue_wait": ledger.pop("queue", 0.0),
+        "startup": ledger.pop("startup", 0.0),
+        "checkpoint_load": ledger.pop("load", 0.0),
+        "recomputed_steps": step_time - useful,
+        "saves": ledger.pop("save", 0.0),
+        "eval": ledger.pop("eval", 0.0),
+        "exit": ledger.pop("exit", 0.0),
+        "no_job": ledger.pop("idle", 0.0),
+    }
+    lost.update({f"other_{k}": v for k, v in ledger.items()})
+    real = [f for f in injected if "skipped" not in f]
+    failures = [e for e in h.events if isinstance(e[2], ev.Failure)]
+    matched, missed = set(), []
+    for fault in real:
+        hit = [i for i, e in enumerate(failures) if e[2].job_id == fault["job_id"] and e[1] >= fault["t"]]
+        if hit:
+            matched.add(hit[0])
+            fault["detected_after_seconds"] = round(failures[hit[0]][0] - fault["t"], 1)
+            fault["bound_seconds"] = bound_seconds(h, BOUND_OF[fault["kind"]], {})
+        else:
+            missed.append(fault)
+    false_positives = [e[2].to_dict() for i, e in enumerate(failures) if i not in matched]
+    faulty_nodes = {f["node"] for f in real if f["node"]}
+    false_exclusions = sorted(set(h.excluded()) - faulty_nodes)
+    # Restart cost R: from each fault to the next first step of training.
+    trainings = [t for t, what, _ in h.world.notes if what == "training"]
+    costs = [min((x for x in trainings if x > f["t"]), default=wall) - f["t"] for f in real]
+    restart_hours = statistics.fmean(costs) / 3600 if costs else 0.0
+    saves = _save_durations(h)
+    save_seconds = statistics.fmean(saves) if saves else h.timings.save_seconds
+    interval = h.cfg.checkpoint.interval_hours or h.timings.save_interval_seconds / 3600
+    mtbf = 1 / (RATE_PER_GPU_HOUR * rate_x * h.cfg.cluster.gpus)
+    # The planner on the config alone, at the soak's fault rate (a rate both sides are given, not a
+    # measurement of the simulation).
+    plan = plan_run(h.cfg, gpu_mtbf_hours=1 / (RATE_PER_GPU_HOUR * rate_x))
+    job_level = plan_run(h.cfg, gpu_mtbf_hours=1 / (RATE_PER_GPU_HOUR * rate_x), spare_nodes=0)
+    starved = [t for t, _, _ in h.world.slurm.starved]
+    short = [e[0] for e in h.events_named("pool_short")]
+    silent_pending = [t for t in starved if not any(s <= t + h.poll for s in short)]
+    realized_mtbf = days * 24 / len(real) if real else math.inf
+    goodput_sim = useful / wall
+    planned_turnover = lost["eval"] + lost["exit"] + _turnover(h)
+    return {
+        "source": SOURCE,
+        "rate_per_gpu_hour": RATE_PER_GPU_HOUR,
+        "gpus": h.cfg.cluster.gpus,
+        "job_mtbf_hours": mtbf,
+        "fault_mix": [{"kind": k, "share": s, "simulated_as": what} for k, s, what, _ in FAULT_MIX],
+        "days": days,
+        "wall_seconds": wall,
+        "useful_seconds": useful,
+        "distinct_steps": len(last_completion),
+        "saves_done": len(_save_durations(h)),
+        "goodput": goodput_sim,
+        "lost_seconds": lost,
+        "accounted_seconds": useful + sum(lost.values()),
+        "faults_injected": injected,
+        "faults_real": len(real),
+        "missed_faults": len(missed),
+        "late_detections": sum(
+            1 for f in real if f.get("detected_after_seconds", 0) > f.get("bound_seconds", 1e18)
+        ),
+        "false_positives": len(false_positives),
+        "false_positive_events": false_positives[:10],
+        "false_exclusions": false_exclusions,
+        "excluded_nodes": h.excluded(),
+        "controller_crashes": [err for _, err in h.crashes],
+        "restarts": h.controller.state.restarts,
+        "jobs": len(h.own_jobs()),
+        "restart_hours_measured": restart_hours,
+        "save_seconds_measured": save_seconds,
+        "pool_starved_passes": len(starved),
+        "pool_short_alerts": len(short),
+        "silent_pending": len(silent_pending),
+        "planner": {
+            "plan_run_expected_goodput": plan.expected_goodput,
+            "plan_run_expected_goodput_job_level_only": job_level.expected_goodput,
+            "plan_run_terms": {
+                "eval_fraction": plan.eval_fraction,
+                "turnover_fraction": plan.turnover_fraction,
+                "job_hours": plan.job_hours,
+                "checkpoint_interval_hours": plan.checkpoint_interval_hours,
+                "save_stall_seconds": plan.save_stall_seconds,
+                "mean_restart_hours": plan.mean_restart_hours,
+                "job_restart_hours": plan.job_restart_hours,
+            },
+            "formula": "orchestrator.planner.goodput(interval_hours, save_seconds, job_mtbf_hours, restart_hours)",
+            "goodput_at_published_rate": goodput(interval, save_seconds, mtbf, restart_hours),
+            "goodput_with_config_restart_minutes": goodput(
+                interval, h.cfg.checkpoint.save_seconds, mtbf, h.cfg.watchdog.restart_minutes / 60
+            ),
+            "goodput_at_realized_faults": goodput(interval, save_seconds, realized_mtbf, restart_hours)
+            if real
+            else goodput(interval, save_seconds, math.inf, 0.0),
+            "not_in_the_model_seconds": planned_turnover,
+            "goodput_sim_without_eval_and_job_turnover": (useful + planned_turnover) / wall,
+            "gap_explained": {
+                "faults_expected": days * 24 / mtbf,
+                "faults_drawn": len(real),
+                "work_lost_per_fault_hours_model": interval / 2,
+                "work_lost_per_fault_hours_sim": lost["recomputed_steps"] / 3600 / len(real) if real else 0.0,
+                "eval_and_job_turnover_fraction": planned_turnover / wall,
+                "why": "the model has no evals and no planned job turnovers (100 h time limit: exit save, "
+                "queue, init, load), and charges tau/2 of recomputed work per fault where the sim charges "
+                "the real time since the last save; with ~6 faults a month both the fault count and the "
+                "work lost per fault carry Poisson/uniform noise of +-0.3 to 0.4 points of goodput",
+            },
+        },
+        "timings": h.timings.describe(),
+        "passes": len(h.passes),
+    }
+
+
+def _save_durations(h: Harness) -> list[float]:
+    started, durations = {}, []
+    for t, what, fields in h.world.notes:
+        if what == "save_start":
+            started[fields["job_id"]] = t
+        elif what == "save_done" and fields["job_id"] in started:
+            durations.append(t - started.pop(fields["job_id"]))
+    return durations
+
+
+def _turnover(h: Harness) -> float:
+    """Queue, startup and load of jobs that followed a planned exit (time budget), not a fault."""
+    total = 0.0
+    exits = [i for i in h.world.incarnations if i.exit_code == 18 and i.gone_at is not None]
+    for inc in exits:
+        nxt = [t for t, what, _ in h.world.notes if what == "training" and t > inc.gone_at]
+        if nxt:
+            total += nxt[0] - inc.gone_at
+    return total

@@ -1,0 +1,70 @@
+"""A dataset that vanishes after `runctl submit`, on the real local SLURM cluster with the real
+trainer: the trainer refuses the config (exit 19, trainer/loop.py build_datasets) and the run
+stops once, as a config error: no crash counted, no restart, no node excluded. Everything goes
+through the CLI (submit, watch --once, events), as an operator would drive it.
+
+The smallest run there is: one rank on one node (tp = pp = dp = 1)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+
+import pytest
+import yaml
+from fakes import REPO
+
+from orchestrator.cli.main import main
+from orchestrator.contract import RunPaths, read_jsonl
+from orchestrator.controller.exclude import excluded_nodes
+
+pytestmark = pytest.mark.slurm
+CORPUS = REPO / "data" / "corpus" / "multilingual_text_document"
+
+
+def test_a_dataset_gone_after_submit_stops_the_run_once_as_a_config_error(local_cluster, tmp_path, monkeypatch, capsys):
+    for name, value in {**local_cluster.env(), "RUNCTL_SCHEDULER": "slurm", "PYTHONPATH": str(REPO),
+                        "PATH": local_cluster.slurm_env()["PATH"], "TRAINER_TENSORBOARD": "0"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)  # the job gets this environment (sbatch's --export=ALL)
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    for suffix in (".bin", ".idx"):
+        shutil.copy(CORPUS.with_name(CORPUS.name + suffix), data_dir / f"corpus{suffix}")
+    config = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
+    config["cluster"].update(nodes=1, gpus_per_node=1, python=sys.executable)
+    config["parallel"].update(tp=1, pp=1, global_batch_size=8)
+    config["data"].update(datasets=[{"path": str(data_dir / "corpus")}], tokenizer=str(REPO / "data" / "tokenizer.json"))
+    config["watchdog"].update(poll_seconds=1, heartbeat_seconds=1)
+    path = tmp_path / "one-rank.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+
+    assert main(["submit", str(path), "--run-dir", str(run_dir)]) == 0, capsys.readouterr().err
+    for suffix in (".bin", ".idx"):  # the dataset goes away before the job starts
+        (data_dir / f"corpus{suffix}").unlink()
+    paths = RunPaths.of(run_dir)
+    deadline = time.monotonic() + 150
+    status = None
+    while time.monotonic() < deadline:
+        assert main(["watch", str(run_dir), "--once", "--json"]) == 0
+        status = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["status"]
+        if status in ("config_error", "finished", "crash_loop", "killed"):
+            break
+        time.sleep(1)
+    output = "".join(p.read_text(errors="replace")[-3000:] for p in paths.jobs.glob("slurm-*.out"))
+    print(output)
+    assert status == "config_error", output
+
+    state = json.loads(paths.state.read_text())
+    events = [e["event"] for e in read_jsonl(paths.events)]
+    print(events)
+    assert len(state["jobs"]) == 1 and state["jobs"][0]["exit_code"] == 19
+    assert state["restarts"] == 0 and state["restarts_without_progress"] == 0, "a config error is not a crash"
+    assert events.count("run_stopped") == 1 and "restart" not in events and "job_submitted" not in events
+    assert excluded_nodes(paths) == [] and "nodes_excluded" not in events
+    assert "data.datasets[0].path" in output and "corpus.idx not found" in output, "the job's output says what is missing"
+    assert main(["events", str(run_dir), "--type", "run_stopped"]) == 0
+    stopped = capsys.readouterr().out
+    assert "config_error" in stopped and "refused the config" in stopped

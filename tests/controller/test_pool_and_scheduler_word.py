@@ -1,0 +1,161 @@
+"""Issue 21, parts 4 and 5, as pure rules and real parsing: SLURM's answers that carry errors are
+an outage (never an empty queue), UNKNOWN is not an end, a node SLURM downs is not blamed, a short
+pool is a critical alert once (release_oldest releases the oldest probation), stalls count.
+The expected values are written from SLURM's documented answers and the issue's rules, not from
+the code."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
+from test_slurm_backend_parsing import fake_tools  # noqa: E402
+
+from orchestrator.config.schema import ExclusionsConfig  # noqa: E402
+from orchestrator.contract import Exclusion, JobState  # noqa: E402
+from orchestrator.contract.state import ControllerState, JobRecord  # noqa: E402
+from orchestrator.controller import jobs, pool  # noqa: E402
+from orchestrator.controller.actions import Exclude, Notify, Record, ReleaseExclusions, SetPool, UpdateJob  # noqa: E402
+from orchestrator.controller.recovery import Failure  # noqa: E402
+from orchestrator.controller.stalls import StallWatch  # noqa: E402
+from orchestrator.errors import SchedulerError  # noqa: E402
+from orchestrator.slurm.base import JobInfo, NodeInfo  # noqa: E402
+from orchestrator.slurm.node_query import nodes_from_json, nodes_from_text  # noqa: E402
+from orchestrator.slurm.real import SlurmScheduler  # noqa: E402
+
+# What Slurm 22.05's `squeue --json` printed, exit 0, with slurmctld SIGSTOPped (issue 21).
+SQUEUE_OUTAGE = {"meta": {"Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}}},
+                 "errors": [{"error": "Unable to contact slurm controller (connect failure)", "errno": 1007,
+                             "source": "slurm_load_jobs"}], "jobs": []}  # fmt: skip
+
+
+def test_squeue_errors_with_an_empty_list_are_an_outage_not_an_empty_queue(tmp_path):
+    env = fake_tools(tmp_path, squeue=(0, json.dumps(SQUEUE_OUTAGE), ""), sacct=(1, "", "accounting storage is disabled"))
+    with pytest.raises(SchedulerError, match="slurm_load_jobs"):
+        SlurmScheduler(env=env).jobs(["4242"])
+
+
+def test_scontrol_show_node_text_is_read_hostile_safe():
+    text = (
+        "NodeName=node01 Arch=x86_64 CoresPerSocket=1 State=IDLE+DRAIN ThreadsPerCore=1 Partitions=gpu_p5 "
+        "Reason=bad DIMM; ssh me\x1b[31m [root@2026-01-01T10:00:00]\n"
+        "NodeName=node02 State=DOWN* Partitions=gpu_p5 Reason=Not responding [slurm@2026-01-01T10:00:00]\n"
+        "NodeName=node03 State=ALLOCATED+RESERVED Partitions=gpu_p5,debug\n"
+        "NodeName=node04 State=MIXED Partitions=gpu_p5\n"
+        "NodeName=../etc State=IDLE\n"
+        "garbage without pairs\n"
+    )
+    nodes = nodes_from_text(text)
+    assert sorted(nodes) == ["node01", "node02", "node03", "node04"]
+    assert nodes["node01"].drained and nodes["node01"].slurm_took_it and not nodes["node01"].down
+    assert nodes["node01"].reason.startswith("bad DIMM; ssh me?[31m") and "\x1b" not in nodes["node01"].reason
+    assert nodes["node02"].down and nodes["node02"].reason.startswith("Not responding")
+    assert nodes["node03"].reserved and not nodes["node03"].slurm_took_it and not nodes["node03"].schedulable
+    assert nodes["node04"].schedulable and nodes["node04"].partitions == ("gpu_p5",)
+
+
+def test_scontrol_show_node_json_of_22_05_and_newer():
+    old = {"nodes": [{"name": "node01", "state": "idle", "state_flags": ["DRAIN"], "reason": "x", "partitions": ["p"]},
+                     {"name": 7, "state": "idle"}, "junk"]}  # fmt: skip
+    new = {"nodes": [{"name": "node02", "state": ["DOWN", "NOT_RESPONDING"], "reason": None}]}
+    assert nodes_from_json(json.dumps(old), str)["node01"].drained
+    assert list(nodes_from_json(json.dumps(old), str)) == ["node01"]
+    assert nodes_from_json(json.dumps(new), str)["node02"].down
+    with pytest.raises(SchedulerError):
+        nodes_from_json(json.dumps({"errors": [{"error": "down"}], "nodes": []}), str)
+
+
+def _running(job_id: str = "7") -> JobRecord:
+    return JobRecord(job_id=job_id, submitted_at=0.0, state=JobState.RUNNING.value, nodes=["node01"], started_at=10.0)
+
+
+@pytest.mark.parametrize("passes,beating,ends", [(1, True, False), (5, True, False), (2, False, False), (3, False, True)])
+def test_unknown_is_not_an_end_until_missing_three_passes_with_silent_ranks(passes, beating, ends):
+    unknown = JobInfo("7", "", JobState.UNKNOWN)
+    actions = jobs.job_update(_running(), unknown, wall_now=1000.0, cached_end=None,
+                              missing=jobs.Missing(passes, beating))  # fmt: skip
+    updates = [a for a in actions if isinstance(a, UpdateJob)]
+    assert bool(updates and updates[0].ended_at) is ends, actions
+    said = [a.event.KIND for a in actions if isinstance(a, Record)]
+    assert said == (["job_not_listed"] if passes == 1 else [])
+
+
+def test_an_outage_answer_ends_nothing():
+    state = ControllerState(jobs=[_running()])
+    view = jobs.SchedulerView({}, error="squeue answered with errors", outage_began=True)
+    actions = jobs.refresh(state, view, wall_now=1000.0, last_seen={})
+    assert [a.event.KIND for a in actions if isinstance(a, Record)] == ["scheduler_unreachable"]
+    assert not [a for a in actions if isinstance(a, UpdateJob)]
+
+
+def test_a_node_slurm_already_downs_is_left_to_slurm():
+    failure = Failure("7", "dead_rank", 0.0, 5, culprits=("node02", "node04"))
+    nodes = nodes_from_text("NodeName=node02 State=DOWN Reason=Not responding\nNodeName=node04 State=ALLOCATED\n")
+    kept, actions = pool.leave_to_slurm(failure, nodes)
+    assert kept == ("node04",)
+    assert [(a.event.node, a.event.slurm_state) for a in actions] == [("node02", "DOWN")]
+    assert pool.leave_to_slurm(failure, None) == (("node02", "node04"), [])  # SLURM not asked: blame
+
+
+def _pool(states: dict[str, set[str]]) -> dict[str, NodeInfo]:
+    return {n: NodeInfo(n, frozenset(s)) for n, s in states.items()}
+
+
+def _judge(state, nodes, exclusions, policy="wait", now=1000.0):
+    actions = pool.judge(state, nodes, exclusions, needed=3, partition=None, policy=policy, now=now, run_dir="RUN")
+    for a in actions:
+        if isinstance(a, SetPool):
+            state.pool = a.status
+    return actions
+
+
+def test_short_pool_is_one_critical_alert_then_a_recovery():
+    nodes = _pool({"n1": {"IDLE"}, "n2": {"DOWN"}, "n3": {"IDLE", "RESERVED"}, "n4": {"ALLOCATED"}, "n5": {"IDLE"}})
+    excluded = {"n5": Exclusion("n5", 100.0, 9999.0)}
+    state = ControllerState()
+    first = _judge(state, nodes, excluded)
+    kinds = [a.event.KIND for a in first if isinstance(a, Record)]
+    assert kinds == ["pool_short"] and any(isinstance(a, Notify) and a.kind == "pool" for a in first)
+    short = next(a.event for a in first if isinstance(a, Record))
+    assert (short.usable, short.needed, short.down, short.reserved, short.excluded) == (2, 3, ["n2"], ["n3"], ["n5"])
+    assert state.pool.short and "runctl nodes RUN --clear" in state.pool.message
+    assert not [a for a in _judge(state, nodes, excluded, now=1100.0) if isinstance(a, (Record, Notify))]
+    back = _judge(state, nodes, {}, now=1300.0)
+    recovered = [a.event for a in back if isinstance(a, Record)]
+    assert [e.KIND for e in recovered] == ["pool_recovered"] and recovered[0].short_for_seconds == 300.0
+    assert not state.pool.short
+
+
+def test_release_oldest_releases_the_oldest_probations_the_job_lacks():
+    nodes = _pool({f"n{i}": {"IDLE"} for i in range(1, 5)})
+    excluded = {"n2": Exclusion("n2", 300.0, None), "n3": Exclusion("n3", 100.0, None), "n4": Exclusion("n4", 200.0, None)}
+    actions = _judge(ControllerState(), nodes, excluded, policy="release_oldest")
+    released = [a for a in actions if isinstance(a, ReleaseExclusions)]
+    assert [r.nodes for r in released] == [("n3", "n4")]  # 1 usable, 3 needed: the two oldest
+    assert not [a for a in actions if isinstance(a, Record)]  # it fits after the release: no alert
+
+
+def test_expired_probations_are_released_on_the_controllers_clock():
+    excluded = {"a": Exclusion("a", 0.0, 500.0), "b": Exclusion("b", 0.0, 2000.0), "c": Exclusion("c", 0.0, None)}
+    assert pool.expired(excluded, 1000.0) == [ReleaseExclusions(("a",), "probation expired")]
+
+
+def test_a_stall_is_recorded_and_only_the_third_in_the_window_excludes():
+    watch = StallWatch(ExclusionsConfig(stall_limit=3, stall_window_hours=24), heartbeat_seconds=10.0)
+    ages = {f"n{i}": 1.0 for i in range(8)}
+    excluded_at = []
+    for stall in range(3):
+        base = stall * 3600.0
+        watch.on_pass("7", {**ages, "n3": 45.0}, job_wide=False, mono=base + 45, wall=base, excluded=set())
+        actions = watch.on_pass("7", ages, job_wide=False, mono=base + 50, wall=base + 50, excluded=set())
+        events = [a.event for a in actions if isinstance(a, Record)]
+        assert [(e.node, e.stalls_in_window) for e in events] == [("n3", stall + 1)]
+        excluded_at += [stall for a in actions if isinstance(a, Exclude)]
+    assert excluded_at == [2]
+    # Most of the job quiet at once is the filesystem's, not n3's: nothing counted.
+    quiet = {n: 45.0 for n in ages}
+    assert watch.on_pass("7", quiet, job_wide=False, mono=20000, wall=20000, excluded=set()) == []

@@ -1,0 +1,112 @@
+"""Fine progress (trainer/progress.py, progress_io.py) and the node heartbeat file (trainer/node_beats.py),
+in process: the counter, bytes counted as torch moves them, local rank 0 gathering its node."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import pytest
+import torch
+
+from orchestrator.contract import Mark, Phase, RunPaths, read_heartbeats
+from orchestrator.filemodes import NotPrivateError
+from trainer.heartbeat import HeartbeatWriter
+from trainer.node_beats import NodeLocalBeats
+from trainer.progress import COUNTER, ProgressCounter, waiting
+from trainer.progress_io import CountingReader, CountingWriter
+
+
+def test_counter_counts_marks_and_keeps_the_longest_gap_per_phase_but_not_waits():
+    counter = ProgressCounter()
+    counter.begin_phase(Phase.STEP)
+    started = time.monotonic()
+    counter.mark(Mark.FORWARD)
+    time.sleep(0.05)
+    counter.mark(Mark.BACKWARD)
+    worked = time.monotonic() - started
+    counter.mark(Mark.WAIT)
+    time.sleep(0.2)  # waiting for peers: their time, not a gap of this rank's
+    counter.mark(Mark.REDUCE)
+    assert counter.count == 5 and counter.unit_name == "reduce"
+    print(f"step gap {counter.gaps['step']:.3f}s, the work took {worked:.3f}s, the wait 0.2s")
+    assert 0.05 <= counter.gaps["step"] <= worked
+    counter.begin_phase(Phase.CHECKPOINT)
+    assert set(counter.gaps) == {"init", "step"}  # the gap up to a phase's start is the old phase's
+    time.sleep(0.03)
+    counter.mark(Mark.SAVE_BYTES)
+    assert counter.gaps["checkpoint"] >= 0.03 and counter.gaps["step"] < 0.2
+
+
+def test_a_wait_ends_with_a_mark_of_the_work_it_interrupted():
+    COUNTER.mark(Mark.SAVE_BYTES)
+    before = COUNTER.count
+    with waiting():
+        assert COUNTER.unit is Mark.WAIT
+    assert COUNTER.unit is Mark.SAVE_BYTES and COUNTER.count == before + 2
+
+
+@pytest.mark.parametrize("zipfile", [True, False])
+def test_torch_save_and_load_through_the_counting_files_count_every_byte(tmp_path, zipfile):
+    state = {"weights": torch.randn(300, 200), "step": 7, "moments": [torch.arange(1000)]}
+    path = tmp_path / "state.pt"
+    before = COUNTER.count
+    with open(path, "wb") as handle:
+        writer = CountingWriter(handle, chunk=4096)
+        torch.save(state, writer, _use_new_zipfile_serialization=zipfile)
+    size = os.stat(path).st_size
+    marks = COUNTER.count - before
+    print(f"wrote {size} bytes, counted {writer.bytes}, {marks} marks of save_bytes")
+    assert writer.bytes == size
+    assert marks >= size // 4096  # a mark at least every chunk: a huge tensor is no single silent write
+    assert COUNTER.unit is Mark.SAVE_BYTES
+    with open(path, "rb") as handle:
+        reader = CountingReader(handle, chunk=4096)
+        loaded = torch.load(reader, weights_only=False)
+    assert torch.equal(loaded["weights"], state["weights"]) and loaded["step"] == 7
+    print(f"read {reader.bytes} of {size} bytes")
+    assert size * 0.95 <= reader.bytes <= size * 1.05 and COUNTER.unit is Mark.LOAD_BYTES
+
+
+def test_local_rank_0_writes_one_file_for_its_node_and_a_dead_peer_shows_in_it(tmp_path):
+    paths = RunPaths.of(tmp_path / "run")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    common = {"world_size": 2, "job_id": "41", "interval_seconds": 0.1, "host": "node07", "local_world_size": 2,
+              "node_local_root": shm}
+    peer = HeartbeatWriter(paths, rank=1, local_rank=1, **common).start()
+    gatherer = HeartbeatWriter(paths, rank=0, local_rank=0, **common).start()
+    node_dir = NodeLocalBeats("41", 0, 0, "node07", shm).path
+    try:
+        assert stat.S_IMODE(node_dir.stat().st_mode) == 0o700 and stat.S_IMODE(node_dir.parent.stat().st_mode) == 0o700
+        deadline = time.time() + 10
+        while time.time() < deadline and len(read_heartbeats(paths.heartbeats)) < 2:
+            time.sleep(0.05)
+        assert sorted(os.listdir(paths.heartbeats)) == ["node-node07.json"]  # no rank files
+        first = {b.rank: b for b in read_heartbeats(paths.heartbeats)}
+        assert set(first) == {0, 1} and {b.host for b in first.values()} == {"node07"}
+        peer.stop(None)  # the peer dies: its entry stays, frozen; the node file keeps moving
+        time.sleep(0.3)
+        frozen = {b.rank: b for b in read_heartbeats(paths.heartbeats)}
+        time.sleep(0.4)
+        later = {b.rank: b for b in read_heartbeats(paths.heartbeats)}
+        print(f"seq rank 0: {frozen[0].seq} -> {later[0].seq}, rank 1: {frozen[1].seq} -> {later[1].seq}")
+        assert later[1].seq == frozen[1].seq and later[1].beat_time == frozen[1].beat_time
+        assert later[0].seq > frozen[0].seq
+    finally:
+        peer.stop(None)
+        gatherer.stop(Phase.EXITING)
+    assert not node_dir.exists()  # local rank 0 leaves nothing in /dev/shm
+    assert {b.rank: b.phase for b in read_heartbeats(paths.heartbeats)}[0] is Phase.EXITING
+
+
+def test_the_node_local_folder_must_be_this_users_own(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    beats = NodeLocalBeats("41", 0, 0, "node07", tmp_path)
+    beats.parent.mkdir(mode=0o700)
+    beats.path.symlink_to(tmp_path / "elsewhere")  # planted by someone: never followed
+    with pytest.raises(NotPrivateError, match="symbolic link"):
+        beats.open()
+    with pytest.raises(ValueError, match="cannot name a folder"):
+        NodeLocalBeats("41/../x", 0, 0, "node07", tmp_path)
