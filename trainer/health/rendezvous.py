@@ -84,9 +84,9 @@ class Deadlines:
     store is up (not after its start): every node pays the same slow start (importing torch,
     from a shared filesystem at scale, or on a loaded machine), so a healthy peer that started
     with rank 0 is ready about when rank 0 is, and still has that window; at the latest at
-    `first_close` (0.65 T). The ranks still missing then are asked again for RETRY_WINDOW x T,
-    until `registration` (0.7 T) at the latest. In the normal case everyone registers at once
-    and nobody waits."""
+    `first_close` (0.65 T). The ranks still missing then are asked again for RETRY_WINDOW x T (at
+    least RETRY_SECONDS_MIN), until `registration` (0.7 T) at the latest. In the normal case
+    everyone registers at once and nobody waits."""
 
     timeout: float
     first_close: float  # latest close of the first registration window
@@ -104,11 +104,15 @@ class Deadlines:
         return min(store_up + REGISTRATION_WINDOW * self.timeout, self.first_close)
 
     def close_retry(self, first_close: float) -> float:
-        return min(first_close + RETRY_WINDOW * self.timeout, self.registration)
+        return min(first_close + max(RETRY_WINDOW * self.timeout, RETRY_SECONDS_MIN), self.registration)
 
 
 REGISTRATION_WINDOW = 0.4
-RETRY_WINDOW = 0.05  # of timeout_seconds (>= 30 s): 1.5 s or more, for a live rank to register again
+# The retry: RETRY_WINDOW x timeout_seconds (>= 30 s in a config: 1.5 s or more), and never less than
+# RETRY_SECONDS_MIN, the time a live rank needs to see the request (it polls every POLL_SECONDS) and
+# register again on a loaded node. A 0.4 s window (an 8 s timeout) was missed on a throttled machine.
+RETRY_WINDOW = 0.05
+RETRY_SECONDS_MIN = 1.5
 
 
 def store_address(env: Mapping[str, str]) -> str:
