@@ -26,7 +26,8 @@ node's. Rules, for the ranks of the current incarnation of the job that is runni
   or its peers still progress `silent_after` after its node went quiet (the ranks of a lost node
   hold up the next collective within seconds; a node whose writes stall computes on), or every
   rank that beats is still in init (no marks there: time is the only evidence; a node lost in init
-  ends its step or job in SLURM). A rank alone
+  ends its step or job in SLURM), or it went quiet in a save (storage is what stalls, and peers done
+  with theirs wait for it; a node lost there ends its job NODE_FAIL in SLURM). A rank alone
   silent on a node that still beats is dead at `dead_after` (frozen, SIGSTOP).
 One incident is one incident: when at least half of the ranks are dead at once, the job, the
 filesystem or the network is suspected, not N nodes (`Assessment.job_wide`), and the nodes blamed
@@ -337,6 +338,12 @@ def _judge_silence(
                 # its job in SLURM (SlurmdTimeout); seen in the soak: a 10-minute storage stall during
                 # a relaunch's init was a false death and a false exclusion.
                 or (all_in_init and beat.phase is Phase.INIT)
+                # In a save, storage is what stalls, and the peers that finished theirs wait for
+                # this node at the next barrier: nobody can be seen to progress either. A false
+                # death there throws away the save and the work since the last one; a node lost
+                # in a save ends its job NODE_FAIL in SLURM (SlurmdTimeout). Seen in the soak: a
+                # 10-minute storage stall on one node during a save was a false death and exclusion.
+                or beat.phase is Phase.CHECKPOINT
             )
         ):
             stalled = True

@@ -326,6 +326,16 @@ def test_a_stall_is_not_a_death_where_the_node_cannot_be_lost():
     peers_left_init = lambda i: [beat(r, min(i, 2), phase="init") if r == 1 else beat(r, i)  # noqa: E731
                                  for r in range(4)]
     assert dead_at(peers_left_init) == (3.0, [1])
+    # node02 silent in a save while its peers, done with theirs, wait for it at the barrier: its
+    # storage stalls (a lost node there ends the job NODE_FAIL in SLURM), so the tolerance.
+    in_save = lambda i: [beat(r, min(i, 2) if r == 1 else i, marks=min(i, 2), phase="checkpoint")  # noqa: E731
+                         for r in range(4)]
+    when, ranks = dead_at(in_save)
+    assert when is not None and 11.0 <= when <= 11.5 and ranks == [1], (when, ranks)
+    assert dead_at(in_save, tolerance=0.0) == (3.0, [1])
+    # The same silence in a step (peers wait for it in a collective): a lost node, dead at dead_after.
+    in_step = lambda i: [beat(r, min(i, 2) if r == 1 else i, marks=min(i, 2), phase="step") for r in range(4)]  # noqa: E731
+    assert dead_at(in_step) == (3.0, [1])
 
 
 def stuck_until_found(beats):
