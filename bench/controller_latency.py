@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO / "tests" / "controller"))
 from fakes import FakeScheduler, fake_submitter, make_config
 
 from orchestrator.config import dump_config
-from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract import read_heartbeats
 from orchestrator.contract.events import read_events
 from orchestrator.contract.state import RunStatus
@@ -70,8 +70,8 @@ def scenario(kind: str) -> dict:
             scheduler.shutdown()
             ctl.stop()
         events = read_events(ctl.paths.events)
-        failure = next(e for e in events if isinstance(e, ev.Failure))
-        first = next(e for e in events if isinstance(e, ev.FirstStepAfterRestart))
+        failure = next(e for e in events if isinstance(e, fev.Failure))
+        first = next(e for e in events if isinstance(e, fev.FirstStepAfterRestart))
         return {
             "cause": failure.cause,
             "detection_latency_s": failure.detection_time - failure.failure_time,

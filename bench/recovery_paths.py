@@ -50,6 +50,7 @@ from orchestrator.contract import (
     read_heartbeats,
 )
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.events import read_events
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
@@ -124,9 +125,9 @@ def one_run(cluster: LocalCluster, spare_nodes: int, keep: Path | None) -> dict:
     shutil.rmtree(root, ignore_errors=True)
     if status != RunStatus.FINISHED.value or not killed:
         raise SystemExit(f"spare_nodes={spare_nodes}: run ended {status}, kill {killed or 'never sent'}")
-    failure = next(e for e in events if isinstance(e, ev.Failure))
-    restart = next(e for e in events if isinstance(e, ev.Restart))
-    first = next(e for e in events if isinstance(e, ev.FirstStepAfterRestart))
+    failure = next(e for e in events if isinstance(e, fev.Failure))
+    restart = next(e for e in events if isinstance(e, fev.Restart))
+    first = next(e for e in events if isinstance(e, fev.FirstStepAfterRestart))
     trained = [e for e in events if isinstance(e, ev.JobTraining)]
     after = trained[-1] if trained else None
     return {

@@ -20,6 +20,7 @@ from typing import Any
 
 from orchestrator.contract import JobState, RunPaths, read_heartbeats, tail_metrics
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.controller_beat import beat_file_age, read_beat
 from orchestrator.contract.events import read_events
 from orchestrator.contract.state import ControllerState, DiskPause, PoolStatus, RunStatus, load_state
@@ -124,7 +125,7 @@ def dashboard_data(
     controller = lock_holder(paths.root)
     nodes, ranks_expected, ranks_seen = _nodes(paths, cfg, live_job, job_id, now, controller is not None)
     events = read_events(paths.events)
-    stopped = next((e for e in reversed(events) if isinstance(e, ev.RunStopped)), None)
+    stopped = next((e for e in reversed(events) if isinstance(e, fev.RunStopped)), None)
     disk = next((e for e in reversed(events) if isinstance(e, ev.Disk)), None)
     beat = read_beat(paths)
     return {

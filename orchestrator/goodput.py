@@ -42,6 +42,7 @@ from typing import Any
 
 from orchestrator.contract import MANIFEST_NAME, ContractError, RunPaths, read_metrics, step_of
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.events import read_events
 from orchestrator.contract.state import ControllerState, load_state
 
@@ -302,11 +303,11 @@ def timeline_of(paths: RunPaths, checkpoints_dir: Path | None = None) -> tuple[T
                 )
             )
     for event in events:
-        if isinstance(event, (ev.Failure, ev.Restart)) and event.failure_time is not None:
+        if isinstance(event, (fev.Failure, fev.Restart)) and event.failure_time is not None:
             detected = event.detection_time if event.detection_time is not None else event.time
             if detected is not None:
                 tl.failures.append((event.failure_time, detected))
-        if isinstance(event, ev.Restart):
+        if isinstance(event, fev.Restart):
             tl.resumes.append(
                 (
                     event.restart_time if event.restart_time is not None else event.time or 0.0,
@@ -350,7 +351,7 @@ def run_window(tl: Timeline, raw: RunRecords, now: float) -> tuple[float, float]
         return now, now
     start = min(starts)
     if raw.state.status.stopped:
-        stops = [e.time for e in raw.events if isinstance(e, ev.RunStopped) and e.time is not None]
+        stops = [e.time for e in raw.events if isinstance(e, fev.RunStopped) and e.time is not None]
         ends = [j.ended_at for j in tl.jobs if j.ended_at is not None]
         candidates = [*stops[-1:], *ends]
         if candidates:

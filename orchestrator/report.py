@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrator.contract import RunPaths, StepMetrics, atomic_write_json, read_metrics
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.events import read_events
 from orchestrator.goodput import CATEGORIES, LABELS, run_breakdown
 
@@ -46,8 +47,8 @@ def summarize(paths: RunPaths, now: float | None = None) -> dict[str, Any]:
     time_breakdown = run_breakdown(paths.root, now=now, checkpoints_dir=_checkpoints_dir(paths))
     whole = time_breakdown["whole_run"]
     incidents = []
-    firsts = [e for e in events if isinstance(e, ev.FirstStepAfterRestart)]
-    for restart in (e for e in events if isinstance(e, ev.Restart)):
+    firsts = [e for e in events if isinstance(e, fev.FirstStepAfterRestart)]
+    for restart in (e for e in events if isinstance(e, fev.Restart)):
         # The first step after *this* restart: a job with spares restarts inside itself, under one id.
         first = next(
             (f for f in firsts if f.job_id == restart.job_id and (f.time or 0) >= (restart.time or 0)), None
@@ -65,7 +66,7 @@ def summarize(paths: RunPaths, now: float | None = None) -> dict[str, Any]:
             "work_lost_s": restart.work_lost_seconds,
             "excluded": restart.excluded,
         })  # fmt: skip
-    stop = next((e for e in reversed(events) if isinstance(e, ev.RunStopped)), None)
+    stop = next((e for e in reversed(events) if isinstance(e, fev.RunStopped)), None)
     return {
         "run_dir": str(paths.root),
         "steps": max(final) if final else 0,
@@ -101,7 +102,7 @@ def plot_loss(paths: RunPaths, out: Path) -> Path | None:
         steps = [m.step for m in segment if m.loss is not None]
         losses = [m.loss for m in segment if m.loss is not None]
         ax.plot(steps, losses, lw=1.4, label=f"job segment {index + 1}" if index < 6 else None)
-    for restart in read_events(paths.events, kinds=(ev.Restart,)):
+    for restart in read_events(paths.events, kinds=(fev.Restart,)):
         x = restart.last_step if restart.last_step is not None else restart.resume_step
         ax.axvline(x, color="red", ls="--", lw=1)
         ax.annotate(

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.state import RunStatus
 
 from .harness import Harness, bloom_config
@@ -113,7 +114,7 @@ def judge(s: Scenario, h: Harness, facts: dict[str, Any]) -> list[str]:
                 )
             if s.within is not None and took > s.within:
                 problems.append(f"detected {took:.0f} s after the fault, the target is {s.within:.0f} s")
-            restarts = [e for e in after if isinstance(e[2], ev.Restart)]
+            restarts = [e for e in after if isinstance(e[2], fev.Restart)]
             if not restarts:
                 problems.append("detected but never restarted")
             elif restarts[0][1] - detections[0][0] > STACK_WAIT + 2 * poll:

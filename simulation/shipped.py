@@ -10,6 +10,7 @@ from typing import Any
 
 from orchestrator.contract import ExitCode, read_allocation
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 
 from .harness import Harness
 from .scenarios import Scenario, fault_after, lose_node
@@ -27,7 +28,7 @@ def relaunched_on_a_spare(h: Harness, facts: dict[str, Any]) -> list[str]:
     t0, culprit, job_id = facts["t"], facts["culprit"], facts["job_id"]
     first = next(i for i in h.world.incarnations if i.job_id == job_id)
     spares = [n for n in h.world.slurm.jobs_by_id[job_id].nodes + [culprit] if n not in first.nodes]
-    restarts = [e[2] for e in h.events if isinstance(e[2], ev.Restart) and e[1] >= t0]
+    restarts = [e[2] for e in h.events if isinstance(e[2], fev.Restart) and e[1] >= t0]
     if not restarts or not restarts[0].in_allocation or restarts[0].job_id != job_id:
         problems.append(
             f"expected a restart inside job {job_id}; restarts: {[r.to_dict() for r in restarts]}"
@@ -106,7 +107,7 @@ def slow_node(h: Harness, facts: dict[str, Any]) -> None:
 
 def straggler_flagged(h: Harness, facts: dict[str, Any]) -> list[str]:
     problems = []
-    flagged = [e[2] for e in h.events if isinstance(e[2], ev.Straggler)]
+    flagged = [e[2] for e in h.events if isinstance(e[2], fev.Straggler)]
     if [e.node for e in flagged] != [SLOW_NODE]:
         problems.append(f"straggler events name {[e.node for e in flagged]}, expected [{SLOW_NODE}]")
     elif flagged[0].score is None or abs(flagged[0].score - SLOWNESS) > 0.05:

@@ -32,7 +32,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.planner import goodput, plan_run
 
 from .harness import Harness
@@ -227,7 +227,7 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
     }
     lost.update({f"other_{k}": v for k, v in ledger.items()})
     real = [f for f in injected if "skipped" not in f]
-    failures = [e for e in h.events if isinstance(e[2], ev.Failure)]
+    failures = [e for e in h.events if isinstance(e[2], fev.Failure)]
     matched, missed = set(), []
     for fault in real:
         hit = [i for i, e in enumerate(failures) if e[2].job_id == fault["job_id"] and e[1] >= fault["t"]]

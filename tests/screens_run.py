@@ -27,6 +27,7 @@ from pathlib import Path
 from orchestrator.config import dump_config, load_config
 from orchestrator.contract import Heartbeat, RunPaths, StepMetrics, atomic_write_json, atomic_write_text
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.controller_beat import write_beat
 from orchestrator.contract.ledger import LastSeen, Submission, append_submission, write_last_seen
 from orchestrator.contract.manifest import FileEntry, Manifest, write_manifest
@@ -67,24 +68,24 @@ def events() -> list[ev.Event]:
         ev.Continue(time=at(30, 11, 51), job_id="1000", why="time budget reached with a checkpoint saved"),
         ev.JobTraining(time=JOB2_TRAINS, job_id="1001", step=LAST_SAVE, checkpoint_load_seconds=340.0,
                        init_seconds=280.0),
-        ev.Failure(time=at(30, 12, 30), job_id="1001", cause="dead_rank", failure_time=at(30, 12, 26, 25),
+        fev.Failure(time=at(30, 12, 30), job_id="1001", cause="dead_rank", failure_time=at(30, 12, 26, 25),
                    detection_time=at(30, 12, 30), last_step=FAILED_AT, ranks_affected=8,
                    ranks=[{"kind": "dead_rank", "rank": 176, "host": "node23", "phase": "step",
                            "step": FAILED_AT, "age_seconds": 215.0, "limit_seconds": 180.0}]),
-        ev.StacksDumped(time=at(30, 12, 30), job_id="1001", files=[f"rank-{r:05d}.txt" for r in range(376)],
+        fev.StacksDumped(time=at(30, 12, 30), job_id="1001", files=[f"rank-{r:05d}.txt" for r in range(376)],
                         ranks_answered=376, ranks_expected=384, directory="/gpfs/runs/tr11/stacks"),
-        ev.Restart(time=at(30, 12, 30), job_id="1001", in_allocation=True, failed_job_id="1001",
+        fev.Restart(time=at(30, 12, 30), job_id="1001", in_allocation=True, failed_job_id="1001",
                    cause="dead_rank", failure_time=at(30, 12, 26, 25), detection_time=at(30, 12, 30),
                    restart_time=at(30, 12, 30), resume_step=LAST_SAVE, last_step=FAILED_AT,
                    work_lost_steps=FAILED_AT - LAST_SAVE, work_lost_seconds=(FAILED_AT - LAST_SAVE) * STEP_SECONDS,
                    excluded=["node23"], how="inside job 1001: launch 2 leaving out node23 (3 spare(s) left)"),
-        ev.NodesExcluded(time=at(30, 12, 30), nodes=["node23"], job_id="1001", cause="dead_rank",
+        fev.NodesExcluded(time=at(30, 12, 30), nodes=["node23"], job_id="1001", cause="dead_rank",
                          excluded=["node23"]),
-        ev.FirstStepAfterRestart(time=AGAIN + STEP_SECONDS, job_id="1001", step=LAST_SAVE + 1,
+        fev.FirstStepAfterRestart(time=AGAIN + STEP_SECONDS, job_id="1001", step=LAST_SAVE + 1,
                                  resume_step=LAST_SAVE, resumed_from=LAST_SAVE,
                                  seconds_since_failure=AGAIN + STEP_SECONDS - at(30, 12, 26, 25),
                                  seconds_since_restart=AGAIN + STEP_SECONDS - at(30, 12, 30)),
-        ev.Straggler(time=at(30, 13, 10), node="node05", job_id="1001", score=1.42, vs_median=1.42,
+        fev.Straggler(time=at(30, 13, 10), node="node05", job_id="1001", score=1.42, vs_median=1.42,
                      vs_history=1.1, compute_seconds=95.2, slow_for_seconds=1260.0, step=3436, threshold=1.3),
         ev.Disk(time=at(30, 13, 40), level="warning", free_bytes=int(1.9 * TIB), expected_bytes=int(2.3 * TIB),
                 message="1.9 TiB free on /gpfs/runs/tr11/checkpoints, next checkpoint needs ~2.3 TiB (the last "

@@ -20,6 +20,7 @@ from orchestrator.contract import (
     write_rollback,
 )
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract import pool_events as pev
 from orchestrator.contract.requests import publish_request, withdraw_request
 from orchestrator.contract.state import ControllerState, JobRecord, Recovery, RunStatus
@@ -131,7 +132,7 @@ class Applier:
             state.recovering = None
             state.disk_pause = None  # a stopped run is not paused: `runctl resume` starts afresh
             self.reporter.emit(
-                ev.RunStopped(status=action.status.value, message=action.message, by=action.by)
+                fev.RunStopped(status=action.status.value, message=action.message, by=action.by)
             )
             self.reporter.notify(
                 action.notify_kind, action.message, {"status": action.status.value, "by": action.by}
@@ -252,10 +253,10 @@ class Applier:
             )  # fmt: skip
         except (OSError, exclude_list.ExcludeLockTimeout) as exc:
             # The restart that follows still goes out, with the list as it was.
-            self.reporter.emit(ev.ExcludeFailed(nodes=list(action.nodes), error=str(exc)))
+            self.reporter.emit(fev.ExcludeFailed(nodes=list(action.nodes), error=str(exc)))
             return
         self.reporter.emit(
-            ev.NodesExcluded(
+            fev.NodesExcluded(
                 nodes=list(action.nodes),
                 job_id=action.job_id,
                 cause=action.cause,
@@ -269,7 +270,7 @@ class Applier:
         try:
             removed = exclude_list.clear_excluded(self.paths, list(action.nodes))
         except (OSError, exclude_list.ExcludeLockTimeout) as exc:
-            self.reporter.emit(ev.ExcludeFailed(nodes=list(action.nodes), error=f"release: {exc}"[:500]))
+            self.reporter.emit(fev.ExcludeFailed(nodes=list(action.nodes), error=f"release: {exc}"[:500]))
             return
         excluded = self._requeue_exclusions(state)
         self.reporter.emit(pev.ProbationEnded(nodes=removed, why=action.why, excluded=excluded))
@@ -368,7 +369,7 @@ class Applier:
         state.restarts_without_progress = action.restarts_without_progress
         state.checkpoint_step_at_last_restart = action.resume_step
         now = self.clock()
-        restart = ev.Restart(
+        restart = fev.Restart(
             job_id=job_id,
             in_allocation=in_allocation,
             failed_job_id=action.failed_job_id,

@@ -12,7 +12,7 @@ controller reads it for the running job and:
 from __future__ import annotations
 
 from orchestrator.contract import Allocation, Heartbeat
-from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
 
 from .actions import Action, Cancel, Exclude, NoteUnhealthyRelayed, Notify, Record, Stop
@@ -33,7 +33,7 @@ def relay_unhealthy(
     nodes, why_not = culprit_nodes(sorted(new), cap)
     actions: list[Action] = [
         NoteUnhealthyRelayed(tuple(f"{job.job_id}:{n}" for n in new)),
-        Record(ev.NodesUnhealthy(job_id=job.job_id, nodes=new, excluded=nodes, why_not=why_not)),
+        Record(fev.NodesUnhealthy(job_id=job.job_id, nodes=new, excluded=nodes, why_not=why_not)),
         Notify(
             "failure",
             f"job {job.job_id}: {len(new)} node(s) failed the health check before launch: "

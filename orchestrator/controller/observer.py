@@ -18,7 +18,7 @@ from orchestrator.contract import (
     checkpoints_dir,
     read_allocation,
 )
-from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.allocation import Allocation, read_decision
 from orchestrator.contract.ledger import read_last_seen
 from orchestrator.contract.state import ControllerState, JobRecord
@@ -116,7 +116,7 @@ class Observer:
         except ContractError as exc:
             if job.job_id not in self.memory.allocation_errors:
                 self.memory.allocation_errors.add(job.job_id)
-                self.reporter.emit(ev.AllocationUnreadable(job_id=job.job_id, error=str(exc)[:300]))
+                self.reporter.emit(fev.AllocationUnreadable(job_id=job.job_id, error=str(exc)[:300]))
             return None
 
     def decided(self, job: JobRecord, launch: int) -> bool:

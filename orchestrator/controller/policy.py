@@ -31,6 +31,7 @@ from orchestrator.contract import (
     classify_end,
 )
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
 
 from .actions import Action, Cancel, DumpStacks, Notify, Record, Stop
@@ -82,7 +83,7 @@ def on_findings(
             return RankFailureVerdict(
                 [
                     Record(
-                        ev.JobWideStall(
+                        fev.JobWideStall(
                             job_id=job.job_id,
                             ranks_stalled=len(dead),
                             world_size=assessment.world_size,
@@ -105,7 +106,7 @@ def on_findings(
     sample = [f.as_dict() for f in findings[:16]]
     actions: list[Action] = [
         Record(
-            ev.Failure(
+            fev.Failure(
                 job_id=job.job_id,
                 cause=cause,
                 failure_time=failure_time,
@@ -216,7 +217,7 @@ def on_job_end(
     failure_time = min(record.ended_at or wall_now, wall_now)
     actions.append(
         Record(
-            ev.Failure(
+            fev.Failure(
                 job_id=record.job_id,
                 cause="job_failed",
                 exit_code=exit_code,
@@ -273,7 +274,7 @@ def on_launch_failed(
     srun_host, srun_says = (
         (allocation.ended.failed_host, allocation.ended.what) if allocation.ended else (None, None)
     )
-    detail = ev.Failure(
+    detail = fev.Failure(
         job_id=job.job_id,
         cause="launch_failed",
         launch=allocation.launch,

@@ -23,6 +23,7 @@ from typing import Any
 
 from orchestrator.contract import Allocation, LauncherState
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.state import ControllerState, RunStatus
 
 from .actions import Action, Cancel, Exclude, Record, Relaunch, Restart, Stop
@@ -87,7 +88,7 @@ def plan_restart(
     if why_not:
         actions.append(
             Record(
-                ev.ExclusionCapped(
+                fev.ExclusionCapped(
                     job_id=failure.job_id,
                     cause=failure.cause,
                     nodes=sorted(set(failure.culprits))[:64],
@@ -120,7 +121,7 @@ def plan_restart(
         )
         return actions
     if why_not:
-        actions.append(Record(ev.RelaunchNotPossible(job_id=failure.job_id, why=why_not)))
+        actions.append(Record(fev.RelaunchNotPossible(job_id=failure.job_id, why=why_not)))
     actions.extend(cancel_failed)
     actions.append(Restart(**common))
     return actions

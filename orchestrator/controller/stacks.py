@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 
 from orchestrator.contract import DUMP_STACKS_REQUEST, RunPaths, atomic_write_json
-from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.paths import FLIGHT_RECORDER_PREFIX
 
 
@@ -51,7 +51,7 @@ def collect_stacks(
     now: float,
     monotonic: Callable[[], float],
     sleep: Callable[[float], None],
-) -> ev.StacksDumped | ev.StacksNotDumped:
+) -> fev.StacksDumped | fev.StacksNotDumped:
     """Ask, wait until `expected` ranks answered or `wait_seconds` passed, and return the event
     to record."""
     before = _stack_mtimes(paths)
@@ -59,7 +59,7 @@ def collect_stacks(
     try:
         atomic_write_json(request, {"time": now, "job_id": job_id, "by": "controller"}, mode=0o644)
     except OSError as exc:
-        return ev.StacksNotDumped(job_id=job_id, error=str(exc))
+        return fev.StacksNotDumped(job_id=job_id, error=str(exc))
 
     def answered() -> list[str]:
         return sorted(name for name, stamp in _stack_mtimes(paths).items() if before.get(name) != stamp)
@@ -71,7 +71,7 @@ def collect_stacks(
         files = answered()
     request.unlink(missing_ok=True)
     recorder = _flight_recorder_dumps(paths, job_id)
-    return ev.StacksDumped(
+    return fev.StacksDumped(
         job_id=job_id,
         files=files[:64],
         ranks_answered=len(files),

@@ -42,7 +42,7 @@ from statistics import median
 from typing import Any
 
 from orchestrator.contract import Heartbeat, Phase
-from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 
 from .actions import Action, Exclude, Notify, Record, SetStragglers
 
@@ -283,7 +283,7 @@ class StragglerWatch:
         for change in changes:
             fields = {"node": change.node, "job_id": job.job_id, **change.details}
             if change.kind == "straggler_recovered":
-                actions.append(Record(ev.StragglerRecovered(**fields)))
+                actions.append(Record(fev.StragglerRecovered(**fields)))
                 continue
             message = (
                 f"node {change.node} is a straggler: compute time {change.details['score']}x "
@@ -295,7 +295,7 @@ class StragglerWatch:
                     else "If it stays slow, have it drained (docs/oncall.md, Stragglers)."
                 )
             )
-            actions += [Record(ev.Straggler(**fields)), Notify("straggler", message, fields)]
+            actions += [Record(fev.Straggler(**fields)), Notify("straggler", message, fields)]
             if self.watchdog.straggler_exclude:
                 actions.append(self._exclusion(change, job.job_id, flagged))
         return actions
@@ -317,7 +317,7 @@ class StragglerWatch:
         cap = self.watchdog.max_excluded_per_incident
         if len(flagged) > cap:
             return Record(
-                ev.ExclusionCapped(
+                fev.ExclusionCapped(
                     job_id=job_id,
                     cause="straggler",
                     nodes=sorted(flagged)[:64],

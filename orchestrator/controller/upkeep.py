@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from orchestrator.contract import JobState, Phase, step_of
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.manifest import DamageReport
 from orchestrator.contract.state import ControllerState, RunStatus
 
@@ -57,7 +58,7 @@ def follow_recovery(state: ControllerState, assessment: Assessment, wall_now: fl
         )
     return [
         Record(
-            ev.FirstStepAfterRestart(
+            fev.FirstStepAfterRestart(
                 job_id=rec.job_id,
                 step=assessment.max_step,
                 resume_step=rec.resume_step,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.event_text.registry import says
 from orchestrator.event_text.words import _by, _cause, _n, duration, hosts, outcome_words
 
@@ -116,15 +117,15 @@ def _(e: ev.JobTraining) -> str:
 
 
 # -- failures and recovery --------------------------------------------------------------------------
-@says(ev.JobWideStall)
-def _(e: ev.JobWideStall) -> str:
+@says(fev.JobWideStall)
+def _(e: fev.JobWideStall) -> str:
     return (
         f"job {e.job_id}: {_n(e.ranks_stalled)} of {_n(e.world_size)} ranks stalled at once; waiting "
         f"{duration(e.waiting_seconds)} before blaming nodes ({e.why})"
     )
 
 
-def _findings(e: ev.Failure) -> tuple[str, float | None, float | None]:
+def _findings(e: fev.Failure) -> tuple[str, float | None, float | None]:
     """The hosts of the sampled findings, their longest age and the limit (Failure.ranks holds
     detection.Finding.as_dict(): host, age_seconds, limit_seconds)."""
     sample = [r for r in e.ranks if isinstance(r, dict)]
@@ -134,12 +135,12 @@ def _findings(e: ev.Failure) -> tuple[str, float | None, float | None]:
     return (hosts(names) if names else "", max(ages, default=None), max(limits, default=None))
 
 
-def _ranks(e: ev.Failure) -> str:
+def _ranks(e: fev.Failure) -> str:
     count = e.ranks_affected if e.ranks_affected is not None else len(e.ranks)
     return f"{count} rank(s)"
 
 
-def _suspects(e: ev.Failure) -> str:
+def _suspects(e: fev.Failure) -> str:
     """A hang's ranks behind the others (detection.behind), or why nobody is named."""
     named = [s for s in e.suspects if isinstance(s, dict)]
     if named:
@@ -149,8 +150,8 @@ def _suspects(e: ev.Failure) -> str:
     return f"; {e.suspects_why}" if e.suspects_why else ""
 
 
-@says(ev.Failure)
-def _(e: ev.Failure) -> str:
+@says(fev.Failure)
+def _(e: fev.Failure) -> str:
     where, age, limit = _findings(e)
     at = f" at step {e.last_step}" if e.last_step is not None else ""
     if e.cause == "dead_rank":
@@ -177,8 +178,8 @@ def _(e: ev.Failure) -> str:
     return f"job {e.job_id} failed{on}{at} ({_cause(e.cause)}, {code}){srun}"
 
 
-@says(ev.Restart)
-def _(e: ev.Restart) -> str:
+@says(fev.Restart)
+def _(e: fev.Restart) -> str:
     where = f"inside job {e.job_id}" if e.in_allocation else f"as job {e.job_id}"
     failed = f" in job {e.failed_job_id}" if e.failed_job_id != e.job_id else ""
     lost = f", {e.work_lost_steps} step(s) lost" if e.work_lost_steps else ""
@@ -189,54 +190,54 @@ def _(e: ev.Restart) -> str:
     )
 
 
-@says(ev.FirstStepAfterRestart)
-def _(e: ev.FirstStepAfterRestart) -> str:
+@says(fev.FirstStepAfterRestart)
+def _(e: fev.FirstStepAfterRestart) -> str:
     return (
         f"training again in job {e.job_id} at step {_n(e.step)} (resumed from {_n(e.resumed_from)}), "
         f"{duration(e.seconds_since_failure)} after the failure"
     )
 
 
-@says(ev.RelaunchNotPossible)
-def _(e: ev.RelaunchNotPossible) -> str:
+@says(fev.RelaunchNotPossible)
+def _(e: fev.RelaunchNotPossible) -> str:
     return f"job {e.job_id} cannot restart inside itself: {e.why}"
 
 
-@says(ev.ExclusionCapped)
-def _(e: ev.ExclusionCapped) -> str:
+@says(fev.ExclusionCapped)
+def _(e: fev.ExclusionCapped) -> str:
     return f"not excluding {hosts(e.nodes)} after {_cause(e.cause)} in job {e.job_id}: {e.why}"
 
 
-@says(ev.NodesExcluded)
-def _(e: ev.NodesExcluded) -> str:
+@says(fev.NodesExcluded)
+def _(e: fev.NodesExcluded) -> str:
     return f"excluded {hosts(e.nodes)} after {_cause(e.cause)} in job {e.job_id} (excluded now: {hosts(e.excluded)})"
 
 
-@says(ev.ExcludeFailed)
-def _(e: ev.ExcludeFailed) -> str:
+@says(fev.ExcludeFailed)
+def _(e: fev.ExcludeFailed) -> str:
     return f"could not exclude {hosts(e.nodes)}: {e.error}"
 
 
-@says(ev.NodesUnhealthy)
-def _(e: ev.NodesUnhealthy) -> str:
+@says(fev.NodesUnhealthy)
+def _(e: fev.NodesUnhealthy) -> str:
     found = "; ".join(f"{node}: {why}" for node, why in sorted(e.nodes.items()))
     after = f" (excluded: {hosts(e.excluded)})" if e.excluded else ""
     why_not = f"; not excluded: {e.why_not}" if e.why_not else ""
     return f"health check of job {e.job_id} failed on {len(e.nodes)} node(s): {found}{after}{why_not}"
 
 
-@says(ev.AllocationUnreadable)
-def _(e: ev.AllocationUnreadable) -> str:
+@says(fev.AllocationUnreadable)
+def _(e: fev.AllocationUnreadable) -> str:
     return f"job {e.job_id}: allocation.json unreadable: {e.error}"
 
 
-@says(ev.RunStopped)
-def _(e: ev.RunStopped) -> str:
+@says(fev.RunStopped)
+def _(e: fev.RunStopped) -> str:
     return f"run stopped ({e.status}){_by(e.by)}: {e.message}"
 
 
-@says(ev.StacksDumped)
-def _(e: ev.StacksDumped) -> str:
+@says(fev.StacksDumped)
+def _(e: fev.StacksDumped) -> str:
     text = (
         f"stacks of job {e.job_id}: {e.ranks_answered} of {e.ranks_expected} ranks answered; "
         f"python stacks: {e.directory}/ ({len(e.files)} file(s))"
@@ -249,17 +250,17 @@ def _(e: ev.StacksDumped) -> str:
     return text
 
 
-@says(ev.StacksNotDumped)
-def _(e: ev.StacksNotDumped) -> str:
+@says(fev.StacksNotDumped)
+def _(e: fev.StacksNotDumped) -> str:
     return f"stacks of job {e.job_id} not dumped: {e.error}"
 
 
-def _score(e: ev.StragglerChange) -> str:
+def _score(e: fev.StragglerChange) -> str:
     return f"{e.score:.2f}x" if e.score is not None else "?"
 
 
-@says(ev.Straggler)
-def _(e: ev.Straggler) -> str:
+@says(fev.Straggler)
+def _(e: fev.Straggler) -> str:
     threshold = f"{e.threshold:g}x" if e.threshold is not None else "?"
     return (
         f"{e.node} is a straggler in job {e.job_id}: compute time {_score(e)} its peers' or its own "
@@ -267,6 +268,6 @@ def _(e: ev.Straggler) -> str:
     )
 
 
-@says(ev.StragglerRecovered)
-def _(e: ev.StragglerRecovered) -> str:
+@says(fev.StragglerRecovered)
+def _(e: fev.StragglerRecovered) -> str:
     return f"{e.node} is no longer a straggler in job {e.job_id} (score {_score(e)})"

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.event_text import SENTENCES, clock, sentence
 
 JOB, NODE = "4207", "node17"
@@ -93,10 +94,10 @@ def test_text_from_other_users_stays_one_inert_line(kind):
 
 
 def test_a_lost_node_and_its_restart_read_as_the_on_call_says_them():
-    failure = ev.Failure(job_id=JOB, cause="dead_rank", failure_time=0.0, detection_time=212.0, last_step=1200,
+    failure = fev.Failure(job_id=JOB, cause="dead_rank", failure_time=0.0, detection_time=212.0, last_step=1200,
                          ranks_affected=8, ranks=[{"host": NODE, "age_seconds": 212.4, "limit_seconds": 210.0}])  # fmt: skip
     assert sentence(failure).startswith(f"{NODE} lost in job {JOB} at step 1200 (no beat for 212 s, dead after 210 s")
-    restart = ev.Restart(job_id=JOB, in_allocation=True, failed_job_id=JOB, cause="dead_rank", failure_time=0.0,
+    restart = fev.Restart(job_id=JOB, in_allocation=True, failed_job_id=JOB, cause="dead_rank", failure_time=0.0,
                          detection_time=212.0, restart_time=212.0, resume_step=1000,
                          how="inside job 4207: launch 2 leaving out node17 (3 spare(s) left)")  # fmt: skip
     assert sentence(restart) == (
@@ -108,7 +109,7 @@ def test_a_lost_node_and_its_restart_read_as_the_on_call_says_them():
 
 def test_a_hang_names_the_rank_behind_the_others_or_says_why_nobody():
     stuck = [{"host": NODE, "rank": r, "age_seconds": 81.0, "limit_seconds": 80.0} for r in (8, 9)]
-    named = ev.Failure(job_id=JOB, cause="hang", failure_time=0.0, detection_time=81.0, last_step=1200,
+    named = fev.Failure(job_id=JOB, cause="hang", failure_time=0.0, detection_time=81.0, last_step=1200,
                        ranks=stuck, suspects=[{"rank": 9, "host": "node18"}],
                        suspects_why="working while the others wait")  # fmt: skip
     assert sentence(named).endswith("; behind: rank 9 on node18 (working while the others wait)")

@@ -19,6 +19,7 @@ import pytest
 from orchestrator.cli.main import main
 from orchestrator.contract import RunPaths
 from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.state import RunStatus, load_state, save_state
 from orchestrator.status_screen import heartbeat_lines
 from tests.screens_run import NOW, REPO, at, build_run
@@ -62,7 +63,7 @@ def test_a_finished_run_plans_nothing_more(built, status, tmp_path):
     state.jobs[1].outcome = "finished"
     state.jobs[2].state, state.jobs[2].outcome = "cancelled", "cancelled (run finished)"
     save_state(run, state)
-    ev.write_event(run.events, ev.RunStopped(status="finished", message="training finished (job 1001)"),
+    ev.write_event(run.events, fev.RunStopped(status="finished", message="training finished (job 1001)"),
                    now=NOW - 600)  # fmt: skip
     text = status(run.root)
     print(text)
