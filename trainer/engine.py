@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -167,17 +168,20 @@ def grad_norm(engine) -> float | None:
 
 
 def wrap_instruction(engine, instruction: type, after: Callable[[Any], None] | None = None,
-                     before: Callable[[Any], None] | None = None) -> None:
+                     before: Callable[[Any], None] | None = None,
+                     around: Callable[[], AbstractContextManager] | None = None) -> None:
     """Run `before(engine)` / `after(engine)` around one pipeline-schedule instruction (e.g.
-    ReduceGrads, OptimizerStep) of this engine only. PipelineEngine dispatches through the class
-    attribute `_INSTRUCTION_MAP`; an instance copy shadows it."""
+    ReduceGrads, OptimizerStep) of this engine only, or the instruction inside `around()`.
+    PipelineEngine dispatches through the class attribute `_INSTRUCTION_MAP`; an instance copy
+    shadows it."""
     table = dict(engine._INSTRUCTION_MAP)
     inner = table[instruction]
 
     def wrapped(self, *args, **kwargs):
         if before is not None:
             before(self)
-        result = inner(self, *args, **kwargs)
+        with around() if around is not None else nullcontext():
+            result = inner(self, *args, **kwargs)
         if after is not None:
             after(self)
         return result
@@ -190,12 +194,16 @@ def install_progress_marks(engine) -> None:
     """Count this rank's fine progress (trainer/progress.py) in the pipeline schedule: a mark after
     each micro-batch forward (`eval` when the module is in eval mode: an eval or a probe) and
     backward, WAIT when the gradient reduce begins (this rank's share is done; the time there is
-    its peers'), REDUCE when it ends, OPTIMIZER after the step. The instructions are DeepSpeed's
-    own dispatch, so this is the real schedule, pipeline or not (pp = 1 is a one-stage pipeline)."""
+    its peers'), REDUCE when it ends, OPTIMIZER after the step. The pipeline's sends and receives
+    are waits for the neighbouring stage (WAIT, then the unit it interrupted): a stage stuck in its
+    own forward is then the one rank not waiting, and the controller names it (detection.behind;
+    counts alone cannot, stages of a 1F1B schedule are at different counts at any moment). The
+    instructions are DeepSpeed's own dispatch, so this is the real schedule, pipeline or not (pp = 1
+    is a one-stage pipeline, with no sends or receives)."""
     from deepspeed.runtime.pipe import schedule
 
     from orchestrator.contract import Mark
-    from trainer.progress import mark
+    from trainer.progress import mark, waiting
 
     def forward(eng) -> None:
         mark(Mark.FORWARD if eng.module.training else Mark.EVAL)
@@ -205,6 +213,30 @@ def install_progress_marks(engine) -> None:
     wrap_instruction(engine, schedule.ReduceTiedGrads, before=lambda eng: mark(Mark.WAIT))
     wrap_instruction(engine, schedule.ReduceGrads, after=lambda eng: mark(Mark.REDUCE))
     wrap_instruction(engine, schedule.OptimizerStep, after=lambda eng: mark(Mark.OPTIMIZER))
+    for p2p in (schedule.SendActivation, schedule.RecvActivation, schedule.SendGrad, schedule.RecvGrad):
+        wrap_instruction(engine, p2p, around=waiting)
+
+
+def install_barrier_waits() -> None:
+    """DeepSpeed's own barriers (in its checkpoint save and load, among others) are waits for the
+    peers, marked WAIT like ours (trainer/checkpoint_format.py): the ranks waiting at one are not
+    the rank holding them up. Every `deepspeed.comm.barrier` goes to the communication backend's
+    `barrier` (comm.cdb, set by init_distributed), so the hook is on that one object. Idempotent."""
+    from deepspeed.comm import comm
+
+    from trainer.progress import waiting
+
+    backend = comm.cdb
+    if backend is None or getattr(backend.barrier, "marks_wait", False):
+        return
+    inner = backend.barrier
+
+    def barrier(*args, **kwargs):
+        with waiting():
+            return inner(*args, **kwargs)
+
+    barrier.marks_wait = True
+    backend.barrier = barrier
 
 
 def install_replicated_grad_sync(engine, tp: int) -> None:

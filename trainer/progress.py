@@ -73,13 +73,18 @@ mark = COUNTER.mark
 @contextmanager
 def waiting() -> Iterator[None]:
     """Around a point where this rank waits for its peers (a barrier, a gather): the beat says
-    `wait` meanwhile, and the unit it was working in comes back (as a mark) when the wait ends."""
+    `wait` meanwhile, and the unit it was working in comes back (as a mark) when the wait ends.
+    A wait inside a wait (a DeepSpeed barrier, trainer/engine.install_barrier_waits, inside one of
+    ours) is the same wait: no marks, so the outer one still says `wait` after the inner ends."""
     before = COUNTER.unit
+    if before is Mark.WAIT:
+        yield
+        return
     COUNTER.mark(Mark.WAIT)
     try:
         yield
     finally:
-        COUNTER.mark(before if before is not None and before is not Mark.WAIT else Mark.PHASE)
+        COUNTER.mark(before if before is not None else Mark.PHASE)
 
 
 def sha256_counted(path: Path, unit: Mark, chunk: int = 1 << 22) -> str:

@@ -47,6 +47,60 @@ def test_a_wait_ends_with_a_mark_of_the_work_it_interrupted():
     assert COUNTER.unit is Mark.SAVE_BYTES and COUNTER.count == before + 2
 
 
+def test_a_wait_inside_a_wait_is_the_same_wait():
+    COUNTER.mark(Mark.SAVE_BYTES)
+    before = COUNTER.count
+    with waiting():
+        with waiting():  # e.g. DeepSpeed's barrier inside our own
+            pass
+        assert COUNTER.unit is Mark.WAIT, "the outer wait goes on"
+    assert COUNTER.unit is Mark.SAVE_BYTES and COUNTER.count == before + 2
+
+
+def test_pipeline_sends_and_receives_and_deepspeed_barriers_are_waits(monkeypatch):
+    """The real schedule's instruction classes and DeepSpeed's own `deepspeed.comm.barrier` path, with
+    the instructions' and the backend's bodies replaced by probes that record the unit the beat would
+    report while they run."""
+    from deepspeed.comm import comm
+    from deepspeed.runtime.pipe import schedule
+
+    from trainer.engine import install_barrier_waits, install_progress_marks
+
+    seen: dict[str, str] = {}
+
+    def probe(name):
+        return lambda engine, *args, **kwargs: seen.__setitem__(name, COUNTER.unit_name)
+
+    class Engine:  # what install_progress_marks touches of a PipelineEngine
+        _INSTRUCTION_MAP = {cls: probe(cls.__name__) for cls in (
+            schedule.OptimizerStep, schedule.ReduceGrads, schedule.ReduceTiedGrads, schedule.LoadMicroBatch,
+            schedule.ForwardPass, schedule.BackwardPass, schedule.SendActivation, schedule.RecvActivation,
+            schedule.SendGrad, schedule.RecvGrad)}
+        module = torch.nn.Linear(1, 1)
+
+    engine = Engine()
+    install_progress_marks(engine)
+    table = engine._INSTRUCTION_MAP
+    table[schedule.ForwardPass](engine)
+    assert COUNTER.unit is Mark.FORWARD
+    for p2p in (schedule.RecvActivation, schedule.SendActivation, schedule.RecvGrad, schedule.SendGrad):
+        table[p2p](engine)
+        assert seen[p2p.__name__] == "wait", (p2p.__name__, seen)
+        assert COUNTER.unit is Mark.FORWARD, "the unit the wait interrupted comes back"
+    table[schedule.BackwardPass](engine)
+    assert seen["BackwardPass"] == "forward" and COUNTER.unit is Mark.BACKWARD
+
+    class Backend:  # deepspeed.comm's backend object (comm.cdb)
+        def barrier(self, **kwargs):
+            seen["barrier"] = COUNTER.unit_name
+
+    monkeypatch.setattr(comm, "cdb", Backend())
+    install_barrier_waits()
+    install_barrier_waits()  # idempotent: one wait, not a wait in a wait
+    comm.barrier()  # as DeepSpeed's checkpoint code calls it
+    assert seen["barrier"] == "wait" and COUNTER.unit is Mark.BACKWARD
+
+
 @pytest.mark.parametrize("zipfile", [True, False])
 def test_torch_save_and_load_through_the_counting_files_count_every_byte(tmp_path, zipfile):
     state = {"weights": torch.randn(300, 200), "step": 7, "moments": [torch.arange(1000)]}

@@ -24,7 +24,7 @@ def test_two_ranks_report_micro_batches_and_save_bytes_in_one_node_file(tmp_path
     # slowmicro: busy CPU before each forward and backward of steps 1-3, slowsave: a pause after each
     # chunk written in step 2's save: both long enough to be seen between two beats.
     procs = launch_local.start(run, 2, {"TRAINER_MAX_STEPS": "3", "TRAINER_FAULT": "slowmicro@step1,slowsave@step2",
-                                        "TRAINER_SLOW_MICRO_SECONDS": "0.2", "TRAINER_SLOW_SAVE_CHUNK_SECONDS": "0.01"})
+                                        "TRAINER_SLOW_MICRO_SECONDS": "0.2", "TRAINER_SLOW_SAVE_CHUNK_SECONDS": "0.03"})
     seen: dict[int, list[tuple[int, str, int, str]]] = defaultdict(list)  # rank -> (step, phase, count, unit)
     names: set[str] = set()
     deadline = time.time() + 240
