@@ -281,6 +281,12 @@ class WatchdogConfig(Section):
     progress_factor: Annotated[float, Field(ge=1.0, le=100.0)] = 3.0
     progress_cap_seconds: TimeoutSeconds = 900.0
     max_restarts_without_progress: PositiveInt = 3
+    # A restart counts towards that crash loop only when the job it replaces failed before training
+    # this long after its resume (or at the very step of the failure before): a failure later than
+    # that, at another step, is a fault like any other (at 10x the published rate, a third of the
+    # simulated months stopped on 3 honest faults between two saves), while a bug fails early or at
+    # one step every time.
+    crash_loop_training_minutes: Annotated[float, Field(ge=0.0, le=10080.0)] = 30.0
     # One incident (one failure detection) excludes at most this many nodes: when more look bad at
     # once, the job, the filesystem or the network is suspected, not N nodes.
     max_excluded_per_incident: PositiveInt = 2

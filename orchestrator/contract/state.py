@@ -193,6 +193,10 @@ class ControllerState:
     restarts: int = 0
     restarts_without_progress: int = 0
     checkpoint_step_at_last_restart: int | None = None
+    # The crash-loop rule's evidence (controller/recovery.py): when the job after the last restart
+    # first trained (wall clock; None until it does) and the step the failure before it reached.
+    training_since: float | None = None
+    last_failure_step: int | None = None
     recovering: Recovery | None = None  # the restart being followed until its first step
     disk_level: str = "ok"
     damage_reports_seen: int = 0  # lines of checkpoints/damaged.jsonl already relayed as events

@@ -192,9 +192,12 @@ class SetOutcome:
 
 @dataclass(frozen=True)
 class FollowRecovery:
-    """The restart being followed: where rank 0 says it resumed from (None: done, stop following)."""
+    """The restart being followed: where rank 0 says it resumed from (None: done, stop following,
+    the job has trained for `trained_seconds`: its steps since the resume times its step time, as
+    its beat reports them, so that a pass that comes late does not make the training look late)."""
 
     recovery: Recovery | None
+    trained_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,9 @@ class Applier:
             if record is not None:
                 record.outcome = action.outcome
         elif isinstance(action, FollowRecovery):
+            if action.recovery is None and state.recovering is not None:
+                # the restarted job trains (the crash-loop rule)
+                state.training_since = self.clock() - action.trained_seconds
             state.recovering = action.recovery
         elif isinstance(action, NoteUnhealthyRelayed):
             state.unhealthy_relayed.extend(action.keys)
@@ -368,6 +371,7 @@ class Applier:
         state.restarts += 1
         state.restarts_without_progress = action.restarts_without_progress
         state.checkpoint_step_at_last_restart = action.resume_step
+        state.training_since, state.last_failure_step = None, action.last_step
         now = self.clock()
         restart = fev.Restart(
             job_id=job_id,

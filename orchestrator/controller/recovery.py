@@ -44,6 +44,17 @@ class Failure:
     job_running: bool = False  # the failed job still holds its allocation (cancel it, or relaunch in it)
 
 
+def _trained_on(state: ControllerState, watchdog: Any, failure: Failure) -> bool:
+    """The failed job trained for `crash_loop_training_minutes` after its resume and did not fail at
+    the step the failure before it did: not a crash loop (a bug fails early, or at one step, every
+    time; honest faults land anywhere)."""
+    if state.training_since is None:
+        return False  # it never trained: failed in its start-up
+    trained = failure.failure_time - state.training_since
+    same_step = failure.last_step is not None and failure.last_step == state.last_failure_step
+    return trained >= 60.0 * watchdog.crash_loop_training_minutes and not same_step
+
+
 def plan_restart(
     state: ControllerState,
     watchdog: Any,
@@ -68,8 +79,8 @@ def plan_restart(
     ]
     resume_step = resume.step if resume else 0
     without_progress = state.restarts_without_progress
-    if resume_step != state.checkpoint_step_at_last_restart:
-        without_progress = 0  # a new checkpoint since the last restart: the run is moving
+    if resume_step != state.checkpoint_step_at_last_restart or _trained_on(state, watchdog, failure):
+        without_progress = 0  # a new checkpoint since the last restart, or a fault like any other
     limit = watchdog.max_restarts_without_progress
     if without_progress >= limit:
         actions.extend(cancel_failed)

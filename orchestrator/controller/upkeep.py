@@ -67,8 +67,16 @@ def follow_recovery(state: ControllerState, assessment: Assessment, wall_now: fl
                 seconds_since_restart=wall_now - rec.restart_time,
             )
         ),
-        FollowRecovery(None),
+        FollowRecovery(None, trained_seconds=_trained_seconds(assessment, resumed_from)),
     ]
+
+
+def _trained_seconds(assessment: Assessment, resumed_from: int) -> float:
+    """How long the job has trained when its first step is seen: its steps since the resume times
+    rank 0's step time (durations measured on the node: no clock of a node is compared with ours)."""
+    beat = assessment.reference
+    per_step = beat.step_seconds if beat is not None and beat.step_seconds else 0.0
+    return max(0, (assessment.max_step or 0) - resumed_from) * per_step
 
 
 def training_started(assessment: Assessment) -> tuple[str, ev.JobTraining] | None:

@@ -14,7 +14,7 @@ from orchestrator.contract.state import ControllerState
 from orchestrator.controller.actions import Cancel, Exclude, Record, Relaunch, Restart, Stop
 from orchestrator.controller.recovery import Failure, plan_restart
 
-WATCHDOG = SimpleNamespace(max_restarts_without_progress=3, max_excluded_per_incident=2)
+WATCHDOG = SimpleNamespace(max_restarts_without_progress=3, max_excluded_per_incident=2, crash_loop_training_minutes=30)
 
 
 def waiting(spares: list[str], state: str = "waiting_decision") -> Allocation:
@@ -65,6 +65,28 @@ def test_a_crash_loop_stops_even_with_spares():
     state = ControllerState(restarts_without_progress=3, checkpoint_step_at_last_restart=0)
     actions = plan_restart(state, WATCHDOG, failure(), None, [], [], waiting(["node03"]))
     assert kinds(actions) == ["Cancel", "Stop"] and isinstance(actions[1], Stop)
+
+
+def test_only_early_or_same_step_failures_count_towards_a_crash_loop():
+    """Two restarts from the checkpoint of step 0 already; the job after the second trained from
+    wall time 0 (training_since; None: it never trained) and failed `trained` seconds later at step `step` (the failure before
+    reached step 9)."""
+
+    def third(trained: float, step: int, training_since: float | None = 0.0) -> list[str]:
+        state = ControllerState(restarts_without_progress=3, checkpoint_step_at_last_restart=0,
+                                training_since=training_since, last_failure_step=9)
+        late = Failure("77", "dead_rank", (training_since or 0.0) + trained, step, ("node02",), job_running=False)
+        return kinds(plan_restart(state, WATCHDOG, late, None, [], [], None))
+
+    assert third(trained=29 * 60, step=40) == ["Stop"]  # failed early: a crash loop
+    assert third(trained=31 * 60, step=9) == ["Stop"]  # later, but at the step of the last failure
+    assert third(trained=31 * 60, step=40, training_since=None) == ["Stop"]  # never trained
+    restarted = plan_restart(
+        ControllerState(restarts_without_progress=3, checkpoint_step_at_last_restart=0, training_since=0.0,
+                        last_failure_step=9),
+        WATCHDOG, Failure("77", "dead_rank", 31 * 60, 40, ("node02",), job_running=False), None, [], [], None)
+    assert kinds(restarted) == ["Exclude", "Restart"]  # a fault like any other: the count starts again
+    assert restarted[1].restarts_without_progress == 1
 
 
 def test_contract_refuses_hostile_or_malformed_records(tmp_path):
