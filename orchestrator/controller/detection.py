@@ -326,6 +326,7 @@ def _judge_silence(
     for view, beat_age in over:
         beat = view.beat
         quiet = node_quiet[beat.host]
+        whole_node = quiet > silent_after  # no rank of its node beats (one that does: frozen alone)
         if (
             beat_age <= stall_tolerance
             # every node silent, or peers progressed silent_after after its whole node went quiet
@@ -337,13 +338,13 @@ def _judge_silence(
                 # the only evidence: wait out the tolerance. A node lost there ends its srun step or
                 # its job in SLURM (SlurmdTimeout); seen in the soak: a 10-minute storage stall during
                 # a relaunch's init was a false death and a false exclusion.
-                or (all_in_init and beat.phase is Phase.INIT)
+                or (whole_node and all_in_init and beat.phase is Phase.INIT)
                 # In a save, storage is what stalls, and the peers that finished theirs wait for
                 # this node at the next barrier: nobody can be seen to progress either. A false
                 # death there throws away the save and the work since the last one; a node lost
                 # in a save ends its job NODE_FAIL in SLURM (SlurmdTimeout). Seen in the soak: a
                 # 10-minute storage stall on one node during a save was a false death and exclusion.
-                or beat.phase is Phase.CHECKPOINT
+                or (whole_node and beat.phase is Phase.CHECKPOINT)
             )
         ):
             stalled = True

@@ -333,6 +333,14 @@ def test_a_stall_is_not_a_death_where_the_node_cannot_be_lost():
     when, ranks = dead_at(in_save)
     assert when is not None and 11.0 <= when <= 11.5 and ranks == [1], (when, ranks)
     assert dead_at(in_save, tolerance=0.0) == (3.0, [1])
+    # One rank silent in init on a node whose other rank still beats (SIGSTOP): dead at dead_after.
+    alone_in_init = lambda i: [beat(r, min(i, 2) if r == 1 else i, phase="init",  # noqa: E731
+                                    host="node01" if r < 2 else None) for r in range(4)]
+    assert dead_at(alone_in_init) == (3.0, [1])
+    # One rank silent in a save on a node whose other rank still beats (SIGSTOP): dead at dead_after.
+    alone_in_save = lambda i: [beat(r, min(i, 2) if r == 1 else i, marks=min(i, 2), phase="checkpoint",  # noqa: E731
+                                    host="node01" if r < 2 else None) for r in range(4)]
+    assert dead_at(alone_in_save) == (3.0, [1])
     # The same silence in a step (peers wait for it in a collective): a lost node, dead at dead_after.
     in_step = lambda i: [beat(r, min(i, 2) if r == 1 else i, marks=min(i, 2), phase="step") for r in range(4)]  # noqa: E731
     assert dead_at(in_step) == (3.0, [1])
