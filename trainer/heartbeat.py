@@ -254,7 +254,7 @@ class HeartbeatWriter:
 
     # -- stacks on request -------------------------------------------------------------------
     def stacks_path(self) -> Path:
-        return self.paths.stacks / f"rank-{self.rank:05d}.txt"
+        return self.paths.stack_dump(self.rank)
 
     def _dump_request_mtime(self) -> float:
         try:
@@ -277,5 +277,5 @@ class HeartbeatWriter:
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be installed from the main thread (tests may differ)
         self.paths.stacks.mkdir(parents=True, exist_ok=True)
-        self._sigusr2_file = open(self.paths.stacks / f"rank-{self.rank:05d}.sigusr2.txt", "a")  # noqa: SIM115
+        self._sigusr2_file = open(self.paths.signal_stack_dump(self.rank), "a")  # noqa: SIM115
         faulthandler.register(signal.SIGUSR2, file=self._sigusr2_file, all_threads=True, chain=False)

@@ -19,6 +19,9 @@ ROLLBACK_REQUEST = "rollback"
 FLIGHT_RECORDER_PREFIX = "nccl-trace-"  # stacks/nccl-trace-<job>-rank-<rank>: NCCL flight recorder dumps
 CHECKPOINT_NAME_FORMAT = "step_{step:07d}"
 CHECKPOINT_DIR_PATTERN = re.compile(r"^step_(\d+)$")
+# stacks/rank-NNNNN.txt: one rank's Python stacks. Only these count as answers: a dump being
+# written is a hidden .rank-NNNNN.txt.*.tmp beside it, and SIGUSR2 stacks go to rank-N.sigusr2.txt.
+STACK_DUMP_PATTERN = re.compile(r"^rank-\d{5}\.txt$")
 MANIFEST_NAME = "MANIFEST.json"
 CHECKPOINT_STATE_NAME = "trainer_state.json"  # in each step_N/: counters and rollback bookkeeping
 PROBE_NAME = "probe.json"  # in each step_N/: what the saved model computes on the probe batch
@@ -212,6 +215,10 @@ class RunPaths:
 
     def stack_dump(self, rank: int) -> Path:
         return self.stacks / f"rank-{rank:05d}.txt"
+
+    def signal_stack_dump(self, rank: int) -> Path:
+        """Where a rank's faulthandler appends its stacks on SIGUSR2 (not an answer to a request)."""
+        return self.stacks / f"rank-{rank:05d}.sigusr2.txt"
 
     def flight_recorder_prefix(self, job_id: str | int) -> Path:
         """Where a GPU job's NCCL flight recorder writes: PyTorch appends the rank to this

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from orchestrator.contract import DUMP_STACKS_REQUEST, RunPaths, atomic_write_json
 from orchestrator.contract import failure_events as fev
-from orchestrator.contract.paths import FLIGHT_RECORDER_PREFIX
+from orchestrator.contract.paths import STACK_DUMP_PATTERN
 
 
 def _stack_mtimes(paths: RunPaths) -> dict[str, float]:
@@ -25,7 +25,7 @@ def _stack_mtimes(paths: RunPaths) -> dict[str, float]:
         return {}
     stamps = {}
     for entry in entries:
-        if entry.name.startswith(FLIGHT_RECORDER_PREFIX):
+        if not STACK_DUMP_PATTERN.match(entry.name):  # flight-recorder dumps, files being written
             continue
         try:
             stamps[entry.name] = entry.stat(follow_symlinks=False).st_mtime

@@ -20,7 +20,9 @@ from fakes import REPO, supervise
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.cli.main import main
+from orchestrator.contract import RunPaths, atomic_write_text
 from orchestrator.contract.state import RunStatus
+from orchestrator.controller.stacks import collect_stacks
 from orchestrator.slurm.render import render_sbatch
 from tests.run_records import event_dicts
 
@@ -211,6 +213,33 @@ def test_flight_recorder_dumps_are_collected_beside_the_stacks(run_env, capsys):
     text = capsys.readouterr().out
     assert f"NCCL flight recorder ({cfg.world_size} rank dump(s)): {ctl.paths.stacks}/nccl-trace-{job}-rank-0" in text
     assert "TORCH_NCCL" not in render_sbatch(cfg, str(ctl.paths.root))  # CPU/gloo: Python stacks only
+
+
+def test_stacks_being_written_are_not_counted_as_answers(tmp_path):
+    """CI once saw 5 answers from 4 ranks: the poll listed a rank's dump while atomic_write_text
+    still had it in its hidden temp file. Only finished rank-NNNNN.txt files are answers."""
+    paths = RunPaths.of(tmp_path)
+    paths.stacks.mkdir(parents=True)
+    paths.signal_stack_dump(3).write_text("old SIGUSR2 stacks\n")  # a file a rank keeps open
+    polls = 0
+
+    def sleep(_seconds: float) -> None:  # the ranks answer between polls, one of them mid-write
+        nonlocal polls
+        polls += 1
+        if polls == 1:
+            for rank in (0, 1):
+                atomic_write_text(paths.stack_dump(rank), f"stacks of rank {rank}\n")
+            (paths.stacks / ".rank-00002.txt.szhuk90i.tmp").write_text("half of rank 2")
+            paths.signal_stack_dump(3).write_text("new SIGUSR2 stacks\n")
+        elif polls == 2:
+            os.replace(paths.stacks / ".rank-00002.txt.szhuk90i.tmp", paths.stack_dump(2))
+            atomic_write_text(paths.stack_dump(3), "stacks of rank 3\n")
+
+    clock = iter(range(100))
+    event = collect_stacks(paths, "7", expected=4, wait_seconds=50, now=0.0, monotonic=lambda: next(clock), sleep=sleep)
+    print(event)
+    assert event.files == [f"rank-0000{rank}.txt" for rank in range(4)]
+    assert event.ranks_answered == 4 and polls == 2  # it waited for rank 2 to finish its file
 
 
 @pytest.mark.parametrize("signal", ["USR2", "TERM"])
