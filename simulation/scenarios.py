@@ -228,6 +228,25 @@ def skewed_then_node_loss(h: Harness, facts: dict) -> None:
     fault_after("training", 3600, "dead_rank", lose_node(node_index=5))(h, facts)  # node006: +60 s
 
 
+def outage_while_queued(h: Harness, facts: dict) -> None:
+    """A rank raises; while the job that replaces it waits in the queue, slurmctld is down 2 min
+    and then lists none of the run's jobs for 2 min (soak x10 seed 18: that ended the queued job
+    and its resubmission as failures)."""
+    def crash_into_a_busy_queue(t: float) -> None:
+        h.world.slurm.queue_wait_mean = 3600.0  # the replacement waits past the outage and the lag
+        h.world.crash_rank(t, 100, False)
+
+    h.when("training", 1800, crash_into_a_busy_queue, post=0)
+    fault_after("job_stop", 60, "none", slurm_down(120, "errors", lag=120), quiet=240)(h, facts)
+
+
+def replacement_was_queued(h: Harness, facts: dict) -> list[str]:
+    queued = [j for j in h.own_jobs() if j.submit_time < facts["t"]][-1:]
+    if not queued or (queued[0].start_time is not None and queued[0].start_time < facts["clear"]):
+        return [f"the replacement job was not queued all through the outage and the lag: {queued}"]
+    return []
+
+
 def controller_dies_mid_incident(h: Harness, facts: dict) -> None:
     down = 60.0 + h.timings.slurmd_timeout_seconds + 60.0
     facts["down_seconds"] = 60.0 + down
@@ -423,6 +442,10 @@ SCENARIOS = [
              fault="squeue answers errors and no jobs for 2 min, then lists none of the run's jobs for 2 min",
              bound="none", expect="nothing", exclude="none",
              inject=fault_after("training", 1800, "none", slurm_down(120, "errors", lag=120), quiet=240)),
+    Scenario("slurmctld_unreachable_while_queued", given="a job queued after a rank raised (no spares)",
+             fault="squeue answers errors and no jobs for 2 min, then lists none of the run's jobs for 2 min",
+             bound="none", expect="nothing", exclude="none", inject=outage_while_queued,
+             config={"cluster": {"spare_nodes": 0}}, check=replacement_was_queued),
     Scenario("squeue_timeouts", given="training", fault="every SLURM command times out (30 s each) for 5 min",
              bound="none", expect="nothing", exclude="none",
              inject=fault_after("training", 1800, "none", slurm_down(300, "timeout"), quiet=300)),

@@ -7,7 +7,7 @@
   nothing resubmitted (the heartbeats of the job known to run are still judged).
 - A job ends only on a terminal SLURM state (or one `runctl status` cached before SLURM forgot
   it), or when SLURM has not listed it for MISSING_PASSES_BEFORE_END passes in a row AND its
-  ranks stopped beating. UNKNOWN ("not in squeue, no accounting") alone is not an end: a queue
+  ranks stopped beating (a job that never started: AND for MISSING_QUEUED_SECONDS). UNKNOWN ("not in squeue, no accounting") alone is not an end: a queue
   that lags after an outage must not end a job that trains.
 - A job SLURM requeued under the same id (it went back to pending, or its SLURM start time changed)
   is marked: its old heartbeats mean nothing now.
@@ -35,15 +35,21 @@ JUST_SUBMITTED_SECONDS = 60.0
 INTENT_WAIT_SECONDS = 600.0
 # Passes in a row a job must be missing from SLURM's answer (and silent) before it counts as ended.
 MISSING_PASSES_BEFORE_END = 3
+# A job that never started has no ranks whose silence could confirm it gone, so it must also be
+# missing this long: longer than a queue that lags after a slurmctld outage (the soak's lags 2 min;
+# at rate x10, seed 18, 3 passes ended a pending job and its resubmission as failures), and
+# longer than SLURM's default MinJobAge (300 s), over which an ended job stays listed.
+MISSING_QUEUED_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
 class Missing:
-    """A live job SLURM's answer did not list: for how many passes in a row, and whether any of
-    its ranks' beats changed within dead_after (the controller's clock)."""
+    """A live job SLURM's answer did not list: for how many passes in a row and for how many
+    seconds, and whether any of its ranks' beats changed within dead_after (the controller's clock)."""
 
     passes: int
     beating: bool
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -163,9 +169,12 @@ def job_update(
 def _not_listed(record: JobRecord, missing: Missing | None, wall_now: float) -> list[Action]:
     """A live job SLURM did not list: an event on the first pass; ended (state unknown, judged
     by its exit beats) only once missing for MISSING_PASSES_BEFORE_END passes with silent ranks
-    and not just submitted (the scheduler may not list a new job yet)."""
+    and not just submitted (the scheduler may not list a new job yet); one that never started,
+    only once missing for MISSING_QUEUED_SECONDS as well."""
     passes = missing.passes if missing is not None else 0  # not counted: never an end
     beating = missing.beating if missing is not None else False
+    seconds = missing.seconds if missing is not None else 0.0
+    long_enough = record.started_at is not None or seconds >= MISSING_QUEUED_SECONDS
     actions: list[Action] = []
     if passes == 1 and record.ended_at is None:
         actions.append(
@@ -174,12 +183,14 @@ def _not_listed(record: JobRecord, missing: Missing | None, wall_now: float) -> 
                     job_id=record.job_id,
                     last_state=record.state,
                     why="SLURM's answer does not list it (no accounting to ask): not an end while its "
-                    f"ranks beat; ended after {MISSING_PASSES_BEFORE_END} such passes with silent ranks",
+                    f"ranks beat; ended after {MISSING_PASSES_BEFORE_END} such passes with silent ranks "
+                    f"(a job that never started: after {MISSING_QUEUED_SECONDS:.0f} s)",
                 )
             )
         )
     just_submitted = wall_now - record.submitted_at < JUST_SUBMITTED_SECONDS
-    if record.ended_at is not None or beating or passes < MISSING_PASSES_BEFORE_END or just_submitted:
+    gone = passes >= MISSING_PASSES_BEFORE_END and not beating and long_enough and not just_submitted
+    if record.ended_at is not None or not gone:
         return actions
     actions.append(
         UpdateJob(

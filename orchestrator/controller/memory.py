@@ -28,6 +28,7 @@ class Memory:
     missing_passes: dict[str, int] = field(
         default_factory=dict
     )  # job -> passes in a row SLURM did not list it
+    missing_since: dict[str, float] = field(default_factory=dict)  # job -> monotonic: first of those passes
     stalls: StallWatch | None = None  # node stalls (stalls.py): made by the supervisor from the config
     planned_bytes: int | None = NOT_ASKED  # the planner's estimate of a checkpoint's size
     checkpoints_seen: set[int] | None = None  # None: not listed yet (no events for older ones)

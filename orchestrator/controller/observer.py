@@ -72,22 +72,24 @@ class Observer:
         return jobs.SchedulerView(infos, back_after_seconds=back, missing=self._missing(infos))
 
     def _missing(self, infos: dict[str, JobInfo]) -> dict[str, jobs.Missing]:
-        """Count the passes each job has gone unlisted (UNKNOWN) in a row; whether its ranks still
-        beat is judged on this controller's clock (liveness of the job it supervises)."""
-        counts = self.memory.missing_passes
+        """Count the passes (and seconds) each job has gone unlisted (UNKNOWN) in a row; whether
+        its ranks still beat is judged on this controller's clock (liveness of the job it supervises)."""
+        counts, since = self.memory.missing_passes, self.memory.missing_since
         unlisted = {j for j, info in infos.items() if info.state is JobState.UNKNOWN}
         for job_id in list(counts):
             if job_id not in unlisted:
                 del counts[job_id]
+                since.pop(job_id, None)
         liveness, now = self.memory.liveness, self.monotonic()
         dead_after = self.cfg.watchdog.dead_after_seconds
         out = {}
         for job_id in unlisted:
             counts[job_id] = counts.get(job_id, 0) + 1
+            since.setdefault(job_id, now)
             beating = liveness.job_id == job_id and any(
                 now - view.beat_changed <= dead_after for view in liveness.ranks.values()
             )
-            out[job_id] = jobs.Missing(counts[job_id], beating)
+            out[job_id] = jobs.Missing(counts[job_id], beating, now - since[job_id])
         return out
 
     def slurm_nodes(self) -> dict[str, NodeInfo] | None:

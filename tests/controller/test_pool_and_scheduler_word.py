@@ -77,11 +77,23 @@ def _running(job_id: str = "7") -> JobRecord:
 def test_unknown_is_not_an_end_until_missing_three_passes_with_silent_ranks(passes, beating, ends):
     unknown = JobInfo("7", "", JobState.UNKNOWN)
     actions = jobs.job_update(_running(), unknown, wall_now=1000.0, cached_end=None,
-                              missing=jobs.Missing(passes, beating))  # fmt: skip
+                              missing=jobs.Missing(passes, beating, seconds=5.0 * passes))  # fmt: skip
     updates = [a for a in actions if isinstance(a, UpdateJob)]
     assert bool(updates and updates[0].ended_at) is ends, actions
     said = [a.event.KIND for a in actions if isinstance(a, Record)]
     assert said == (["job_not_listed"] if passes == 1 else [])
+
+
+@pytest.mark.parametrize("passes,seconds,ends", [(3, 15.0, False), (24, 120.0, False), (48, 240.0, False),
+                                                 (180, 900.0, True)])  # fmt: skip
+def test_a_queued_job_has_no_ranks_to_confirm_it_gone_so_a_lagging_queue_does_not_end_it(passes, seconds, ends):
+    """Soak x10 seed 18: after a 2-minute slurmctld outage the queue lagged 2 more minutes, and
+    a queued job (silent: it never ran) and its resubmission were ended after 3 passes."""
+    queued = JobRecord(job_id="7", submitted_at=0.0, state=JobState.PENDING.value)
+    actions = jobs.job_update(queued, JobInfo("7", "", JobState.UNKNOWN), wall_now=5000.0, cached_end=None,
+                              missing=jobs.Missing(passes, False, seconds))  # fmt: skip
+    updates = [a for a in actions if isinstance(a, UpdateJob)]
+    assert bool(updates and updates[0].ended_at) is ends, actions
 
 
 def test_an_outage_answer_ends_nothing():
