@@ -38,10 +38,27 @@ class CheckpointInfo:
     saved_at: float | None  # mtime of the manifest: when the checkpoint became complete
 
 
-def _info(path: Path) -> CheckpointInfo | None:
+# A manifest's identity between two looks: a file replaced or rewritten changes its inode, size,
+# mtime or ctime (ctime cannot be set back by its writer).
+ManifestKey = tuple[int, int, int, int]
+ManifestsSeen = dict[Path, tuple[ManifestKey, "CheckpointInfo"]]
+
+
+def _manifest_key(path: Path) -> ManifestKey | None:
+    try:
+        st = os.stat(path / MANIFEST_NAME, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _info(path: Path, seen: ManifestsSeen | None) -> CheckpointInfo | None:
     step = step_of(path.name)
     if step is None:
         return None
+    key = _manifest_key(path) if seen is not None else None
+    if key is not None and seen is not None and path in seen and seen[path][0] == key:
+        return seen[path][1]
     size, saved_at, complete = 0, None, False
     try:
         manifest = read_manifest(path)  # bounded, never through a link, never blocking
@@ -50,11 +67,16 @@ def _info(path: Path) -> CheckpointInfo | None:
             saved_at = os.stat(path / MANIFEST_NAME, follow_symlinks=False).st_mtime
     except (OSError, ContractError):
         pass
-    return CheckpointInfo(step, path, complete, size, saved_at)
+    info = CheckpointInfo(step, path, complete, size, saved_at)
+    if key is not None and seen is not None:
+        seen[path] = (key, info)
+    return info
 
 
-def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
-    """Every step_N directory, oldest first (cheap: reads manifests, hashes nothing)."""
+def list_checkpoints(directory: Path, seen: ManifestsSeen | None = None) -> list[CheckpointInfo]:
+    """Every step_N directory, oldest first (cheap: reads manifests, hashes nothing). `seen`: the
+    manifests read by earlier calls (the controller's, every pass), read again only when changed;
+    a BLOOM manifest lists thousands of shards."""
     found: list[CheckpointInfo] = []
     try:
         children = list(Path(directory).iterdir())
@@ -66,9 +88,12 @@ def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
                 continue
         except OSError:
             continue
-        info = _info(child)
+        info = _info(child, seen)
         if info is not None:
             found.append(info)
+    if seen is not None:  # forget the checkpoints deleted since
+        for gone in set(seen) - {c.path for c in found}:
+            del seen[gone]
     return sorted(found, key=lambda c: c.step)
 
 
@@ -81,7 +106,7 @@ def resume_point(
     skipped: list[tuple[CheckpointInfo, str]] = []
     damaged = set() if check_hashes else damaged_names(directory)
     for path in resume_candidates(Path(directory)):
-        info = _info(path)
+        info = _info(path, None)
         if info is None:
             continue
         if path.name in damaged:

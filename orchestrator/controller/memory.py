@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checkpoints import ManifestsSeen
 from .liveness import Liveness
 from .metrics_follower import MetricsFollower
 from .stalls import StallWatch
@@ -31,6 +32,7 @@ class Memory:
     missing_since: dict[str, float] = field(default_factory=dict)  # job -> monotonic: first of those passes
     stalls: StallWatch | None = None  # node stalls (stalls.py): made by the supervisor from the config
     planned_bytes: int | None = NOT_ASKED  # the planner's estimate of a checkpoint's size
+    manifests_seen: ManifestsSeen = field(default_factory=dict)  # checkpoints.list_checkpoints' cache
     checkpoints_seen: set[int] | None = None  # None: not listed yet (no events for older ones)
     training_seen: set[str] = field(default_factory=set)  # "<job>/<launch>" whose job_training is written
     allocation_errors: set[str] = field(default_factory=set)  # jobs whose unreadable allocation.json was said

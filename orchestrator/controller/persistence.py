@@ -5,9 +5,12 @@ state stays in memory and is written again next pass."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
+
+import orjson
 
 from orchestrator.contract import RunPaths
 from orchestrator.contract import events as ev
@@ -25,14 +28,12 @@ class Persistence:
         self.paths, self.cfg, self.reporter, self.clock = paths, cfg, reporter, clock
         self.started_wall = clock()
         self.passes = 0  # every pass, failed ones too: controller.json's counter (runctl doctor)
-        self._saved_snapshot: dict[str, Any] | None = None
+        self._saved_snapshot: bytes | None = None
         self._saved_at = 0.0
         self._said_not_saved = False
 
     def save_if_changed(self, state: ControllerState, now: float) -> None:
-        snapshot = state.to_dict()
-        snapshot.pop("last_pass", None)
-        snapshot.pop("controller", None)
+        snapshot = _fingerprint(state)
         if snapshot != self._saved_snapshot or now - self._saved_at > STATE_REFRESH_SECONDS:
             self.save(state)
             self._saved_snapshot, self._saved_at = snapshot, now
@@ -71,3 +72,11 @@ class Persistence:
             )
         except OSError as exc:  # a full disk is reported by the pass itself; never stop supervising
             log.warning("cannot write %s: %s", self.paths.controller_heartbeat, exc)
+
+
+def _fingerprint(state: ControllerState) -> bytes:
+    """What state.json says but for the fields that move every pass (last_pass, controller), to
+    tell whether anything changed. orjson serialises the dataclasses itself, ~50x cheaper than
+    asdict (which deep-copies every job record: a tenth of a simulated month's CPU time)."""
+    steady = dataclasses.replace(state, last_pass=None, controller={})
+    return orjson.dumps(steady, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)

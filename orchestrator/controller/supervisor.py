@@ -537,7 +537,7 @@ class Controller:
             memory = self.memory
             if memory.planned_bytes == NOT_ASKED:
                 memory.planned_bytes = planned_checkpoint_bytes(self.cfg)
-            complete = [c for c in list_checkpoints(self.ckpt_dir) if c.complete]
+            complete = [c for c in list_checkpoints(self.ckpt_dir, memory.manifests_seen) if c.complete]
             last = complete[-1].size_bytes if complete else None
             self._pass_disk = complete, check_disk(self.ckpt_dir, last, memory.planned_bytes or None)
         return self._pass_disk
