@@ -245,7 +245,7 @@ def assess(
     if findings and not silent and all(f.kind is FindingKind.HANG for f in findings):
         stuck = [(v, limits.get(v.beat.phase, step_limit)) for v in judged]
         stuck = [(v, limit) for v, limit in stuck if now - v.progress_changed > min(limit, widest_limit)]
-        result.suspects, result.suspects_why = behind(stuck, now)
+        result.suspects, result.suspects_why = behind(stuck, now, furthest=max(v.beat.step for v in judged))
     if max_step < 0:
         min_step = max_step = None
     result.ranks_seen = len(views)
@@ -262,9 +262,13 @@ def assess(
     return result
 
 
-def behind(stuck: list[tuple[RankView, float]], now: float) -> tuple[list[Finding], str]:
+def behind(
+    stuck: list[tuple[RankView, float]], now: float, furthest: int | None = None
+) -> tuple[list[Finding], str]:
     """Of the ranks stuck in a hang (progress unchanged past their limit, `(view, limit)`, waiting
-    ones included), those that hold the others up, and why; nobody when none stands out. In order:
+    ones included), those that hold the others up, and why; nobody when none stands out.
+    `furthest`: the highest step of every rank judged, stuck or not yet (peers that went on to the
+    next step and wait there cross their own limit later than the rank they wait for). In order:
     - ranks at a lower step than the others: they did not finish the step the rest finished;
     - ranks not waiting while others wait (their last mark is not Mark.WAIT): the waiters wait
       for someone, and these stopped in their own work;
@@ -276,7 +280,7 @@ def behind(stuck: list[tuple[RankView, float]], now: float) -> tuple[list[Findin
     if not stuck:
         return [], ""
     low = min(v.beat.step for v, _ in stuck)
-    if any(v.beat.step != low for v, _ in stuck):
+    if any(v.beat.step != low for v, _ in stuck) or (furthest is not None and furthest > low):
         named = [(v, limit) for v, limit in stuck if v.beat.step == low]
         why = f"behind the others at step {low}"
     else:

@@ -371,6 +371,25 @@ def test_a_rank_at_a_lower_step_is_named_though_it_waits():
     assert [f.rank for f in a.culprits()] == [3] and "step 9" in a.suspects_why
 
 
+def test_a_rank_stuck_a_step_behind_is_named_before_the_peers_that_wait_for_it_cross_their_limit():
+    """Rank 0 stops in step 8; its peers finish their share later, go on to step 9 and wait there
+    for it. Rank 0 crosses its limit first, alone: it is behind (on a loaded CI machine this named
+    nobody, 'all 1 stuck ranks at the same step': a job-wide hang)."""
+    p = Passes()
+    for i in range(40):
+        now = i * 0.5
+        peers_moving = now < 2.0
+        beats = [fine(0, i, 9, unit="forward", step=8)] + [
+            fine(r, i, 9 + i if peers_moving else 13, unit="forward" if peers_moving else "wait", step=9)
+            for r in (1, 2, 3)
+        ]
+        a = p.at(now, beats)
+        if a.findings:
+            break
+    assert [f.rank for f in a.hung] == [0], a.findings
+    assert [f.rank for f in a.culprits()] == [0] and "step 8" in a.suspects_why, a.suspects_why
+
+
 def test_the_rank_working_while_the_others_wait_is_named():
     a = stuck_until_found([fine(r, 0, 9, unit="backward" if r == 2 else "wait") for r in range(4)])
     assert [f.rank for f in a.hung] == [2]

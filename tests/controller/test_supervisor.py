@@ -87,7 +87,7 @@ def test_hang_detected_after_step_timeout(run_env):
     assert failure["cause"] == "hang"
     latency = failure["detection_time"] - failure["failure_time"]
     limit = failure["ranks"][0]["limit_seconds"]
-    print(f"hang detection: stalled {latency:.2f} s, timeout {limit:.2f} s")
+    print(f"hang detection: stalled {latency:.2f} s, timeout {limit:.2f} s", failure)
     assert limit <= latency < limit + 1.0
     # rank 0 is one step behind the others, who wait for it: its node is the suspect.
     assert excluded_nodes(paths) == ["node01"]
