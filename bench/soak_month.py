@@ -20,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -98,6 +99,15 @@ def aggregate(runs: list[dict]) -> dict:
         "false_exclusions": sum(len(r["false_exclusions"]) for r in runs),
         "missed": sum(r["missed_faults"] for r in runs),
         "late_detections": sum(r["late_detections"] for r in runs),
+        # Which fault in which phase was later than its class's bound (a step-phase bound).
+        "late_by_kind_and_phase": dict(
+            Counter(
+                f"{f['kind']} in {f.get('phase')}"
+                for r in runs
+                for f in r["faults_injected"]
+                if f.get("detected_after_seconds", 0) > f.get("bound_seconds", math.inf)
+            )
+        ),
         "controller_crashes": sum(len(r["controller_crashes"]) for r in runs),
         "pool_short_alerts": sum(r["pool_short_alerts"] for r in runs),
         "silent_pending": sum(r["silent_pending"] for r in runs),
@@ -163,6 +173,7 @@ def summary(result: dict) -> str:
         f"{result['bench']['wall_seconds']} s, {result['bench']['cpu_seconds_per_simulated_day']} CPU s a simulated day",
         f"faults {s['faults_real']}: missed {s['missed']}, late {s['late_detections']}, false positives "
         f"{s['false_positives']}, false exclusions {s['false_exclusions']}, controller crashes {s['controller_crashes']}",
+        f"late: {s['late_by_kind_and_phase'] or 'none'}",
         f"pool: {s['pool_short_alerts']} shortage alert(s), {s['silent_pending']} silent pending pass(es)",
         f"goodput {100 * g['mean']:.2f}% (95% interval {100 * g['ci95'][0]:.2f}-{100 * g['ci95'][1]:.2f}%); planner "
         f"{100 * p['expected_goodput']:.2f}% ({100 * p['expected_goodput_job_level_only']:.2f}% with job-level restarts only)",

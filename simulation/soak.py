@@ -188,7 +188,9 @@ def _heavy_tails(h: Harness, days: float, rng: random.Random) -> list[dict[str, 
 def _injector(h: Harness, kind: str, injected: list[dict[str, Any]], rng: random.Random):
     def fire(t: float) -> None:
         inc = h.world.running_incarnation()
-        record = {"t": t, "kind": kind, "job_id": getattr(inc, "job_id", None), "node": None}
+        # The phase it hits: where no progress can be seen (init, a save) the bounds are others.
+        phase = inc.phase.value if inc is not None else None
+        record = {"t": t, "kind": kind, "job_id": getattr(inc, "job_id", None), "node": None, "phase": phase}
         if inc is None or inc.faulted_at is not None:
             record["skipped"] = "no healthy job running (queue, restart): the fault hits idle nodes"
         elif kind in ("gpu", "software"):

@@ -36,6 +36,7 @@ from .files import (
     check_version,
     deferred_collection,
     loads_bounded,
+    read_upto,
 )
 from .paths import rank_file_name
 from .values import is_int, is_number
@@ -354,7 +355,7 @@ class HeartbeatReader:
                 except OSError:
                     continue
                 try:
-                    raw = os.read(fd, limit)
+                    raw = read_upto(fd, limit)
                 except OSError:
                     continue
                 finally:

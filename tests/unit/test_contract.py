@@ -184,3 +184,26 @@ def test_state_round_trips(tmp_path):
     state = ControllerState(restarts=2)
     save_state(paths, state)
     assert load_state(paths).restarts == 2
+
+
+@pytest.mark.parametrize("size", [0, 1, 65_535, 65_536, 65_537, 3 * 65_536 + 5, 300_000])
+@pytest.mark.parametrize("limit", [1, 65_536, 200_001, 1 << 20])
+def test_read_upto_reads_the_file_up_to_the_limit_whatever_the_first_ask(tmp_path, size, limit):
+    """Readers ask os.read for a little first (it allocates what it is asked for); the bytes
+    must still be the file's, cut at the limit, and read_untrusted must still refuse a file over
+    its bound."""
+    from orchestrator.contract.files import UntrustedFileError, read_untrusted, read_upto
+
+    data = os.urandom(size)
+    (tmp_path / "f").write_bytes(data)
+    for first in (1, 4096, 65_536, size + 1):
+        fd = os.open(tmp_path / "f", os.O_RDONLY)
+        try:
+            assert read_upto(fd, limit, first=first) == data[:limit], (size, limit, first)
+        finally:
+            os.close(fd)
+    if size <= limit:
+        assert read_untrusted(tmp_path / "f", limit)[0] == data
+    else:
+        with pytest.raises(UntrustedFileError, match="more than"):
+            read_untrusted(tmp_path / "f", limit)
