@@ -173,6 +173,7 @@ def assess(
     # the largest limit, for the everyone-stuck rule.
     judged: list[RankView] = []
     newest_progress, widest_limit = float("-inf"), 0.0
+    newest_seen = float("-inf")  # the newest progress seen as it happened (RankView.progress_seen)
     silent = False
     in_init, past_init = Phase.INIT, False  # past_init: some rank that beats has left init
     over: list[tuple[RankView, float]] = []  # beats older than dead_after: dead, unless a stall
@@ -210,6 +211,8 @@ def assess(
             past_init = True
         if changed > newest_progress:
             newest_progress = changed
+        if view.progress_seen > newest_seen:
+            newest_seen = view.progress_seen
         if limit > widest_limit:
             widest_limit = limit
         if now - changed > limit and beat.progress_unit != wait:
@@ -221,7 +224,7 @@ def assess(
                 findings,
                 node_quiet,
                 now,
-                newest_progress,
+                newest_seen,
                 dead_after,
                 silent_after,
                 stall_tolerance,

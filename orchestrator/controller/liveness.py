@@ -40,7 +40,12 @@ class RankView:
     rank: int
     beat: Heartbeat  # the last beat read
     beat_changed: float  # controller monotonic time of the last change of its beat (beat_moved)
-    progress_changed: float  # ... of its progress (progressed)
+    # ... of its progress (progressed), and when it comes back from silence (the hang timer starts
+    # again: what it did meanwhile could not be seen).
+    progress_changed: float
+    # ... of its progress seen as it happened: not when it comes back from silence, its marks moved
+    # at some unknown time meanwhile (the stall rule's evidence that the peers of a silent node live).
+    progress_seen: float
     silent: bool = False  # a pass saw its beat unchanged for longer than silent_after
 
 
@@ -129,17 +134,20 @@ class Liveness:
                     view.silent = True
                 continue
             if view is None:
-                view = ranks[rank] = RankView(rank, beat, now, now)
+                view = ranks[rank] = RankView(rank, beat, now, now, now)
                 changed.append(view)
                 continue
             old, view.beat = view.beat, beat
             changed.append(view)
+            returned = False
             if beat_moved(beat, old):
                 if view.silent:  # back from silence: its progress could not be seen meanwhile
-                    view.progress_changed, view.silent = now, False
+                    view.progress_changed, view.silent, returned = now, False, True
                 view.beat_changed = now
             elif now - view.beat_changed > self.silent_after:
                 view.silent = True  # seen silent by a pass (sparse passes alone are not silence)
             if progressed(beat, old):
                 view.progress_changed = now
+                if not returned:
+                    view.progress_seen = now
         return self.ranks

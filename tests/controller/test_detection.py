@@ -341,6 +341,17 @@ def test_a_stall_is_not_a_death_where_the_node_cannot_be_lost():
     alone_in_save = lambda i: [beat(r, min(i, 2) if r == 1 else i, marks=min(i, 2), phase="checkpoint",  # noqa: E731
                                     host="node01" if r < 2 else None) for r in range(4)]
     assert dead_at(alone_in_save) == (3.0, [1])
+    # node01's storage stalls (it computes on); node04 is lost at 3.0 s (everyone then waits for it);
+    # node01 beats again at 4.0 s with the marks it made meanwhile. Marks made at some unknown time
+    # during a silence are no evidence that the peers lived after node04 went quiet: node04 is dead at
+    # dead_after (soak x1 seed 4: a 10-minute storage stall that ended 40 s after a node was lost
+    # made that node a "stall", found by SLURM 420 s later).
+    def stall_then_loss(i):
+        back = i >= 8
+        return [beat(0, i if back else min(i, 2), marks=6 if back else min(i, 2)),
+                *(beat(r, i, marks=min(i, 6)) for r in (1, 2)), beat(3, min(i, 6), marks=min(i, 6))]
+
+    assert dead_at(stall_then_loss) == (5.0, [3])
     # The same silence in a step (peers wait for it in a collective): a lost node, dead at dead_after.
     in_step = lambda i: [beat(r, min(i, 2) if r == 1 else i, marks=min(i, 2), phase="step") for r in range(4)]  # noqa: E731
     assert dead_at(in_step) == (3.0, [1])
