@@ -8,8 +8,9 @@ the real Controller with its real SlurmScheduler, faults from trainer/faults.py 
   within limit + heartbeat + 2 polls of rank 1's last mark (docs/oncall.md's bound), not before
   the limit.
 - slow run (global batch 32: 16 micro-batches a step): rank 1 burns CPU before each forward and
-  backward of steps 5-7 (~5x the step time), and the save of step 8 sleeps after every chunk
-  (~10x its time): neither is a hang; the run finishes in its first job.
+  backward of steps 5-7 (~5x the step time), and the save of step 8 sleeps 20 ms after every
+  chunk (well over 10x its time, and longer than the checkpoint limit): neither is a hang; the run
+  finishes in its first job.
 - hangsave run: rank 1's writer blocks after the first chunk of step 8's save: a hang (phase
   checkpoint); the run restarts from the step-4 checkpoint and finishes.
 The watchdog: heartbeat 1 s, poll 1 s, progress floors of 4 s (init 90 s: the model build is an
@@ -44,6 +45,7 @@ HEARTBEAT, POLL, FLOOR, INIT_FLOOR, FACTOR = 1.0, 1.0, 4.0, 90.0, 3.0
 # Slack on the detection bound for a pass that runs late (4 ranks and the controller on 2 cores).
 LATE_PASS = 2.0
 STEP_DELAY = 2.0  # the hang run's honest gap before every step
+SLOW_SAVE_CHUNK = 0.02  # the slow run's sleep after each chunk of step 8's save (~400 chunks: ~8 s)
 HUNG_RANK = 1
 
 
@@ -146,7 +148,8 @@ def hang_run(runs):
 @pytest.fixture(scope="module")
 def slow_run(runs):
     run = runs(hang_config(global_batch=32),
-               {"TRAINER_MAX_STEPS": "9", "TRAINER_FAULT": f"slowmicro@step5:rank{HUNG_RANK},slowsave@step8"})
+               {"TRAINER_MAX_STEPS": "9", "TRAINER_FAULT": f"slowmicro@step5:rank{HUNG_RANK},slowsave@step8",
+                "TRAINER_SLOW_SAVE_CHUNK_SECONDS": str(SLOW_SAVE_CHUNK)})
     t0 = time.monotonic()
     status = drive(run.ctl, 300, act=run.watch)
     print(f"slow run: {time.monotonic() - t0:.1f} s, {status}")
@@ -207,7 +210,7 @@ def test_rank_five_times_slower_for_three_steps_is_not_a_hang(slow_run):
     assert min(seconds[step] for step in (5, 6, 7)) > max(step_limits), (seconds, step_limits)
 
 
-def test_save_ten_times_slower_with_bytes_moving_is_not_a_hang(slow_run):
+def test_save_ten_times_slower_and_past_its_limit_with_bytes_moving_is_not_a_hang(slow_run):
     assert_no_failure(slow_run)
     # Rank 0's beats: the longest save so far, after step 4's (usual) and at the end (step 8's).
     usual, slowed = slow_run.first_save, slow_run.beats[0].durations["checkpoint"]
@@ -215,7 +218,11 @@ def test_save_ten_times_slower_with_bytes_moving_is_not_a_hang(slow_run):
     checkpoint_limits = sorted({limits["checkpoint"] for done, limits in slow_run.limits_seen if done == 8})
     print(f"save of step 4 {usual:.3f} s, of step 8 {slowed:.3f} s: {factor:.1f} x; checkpoint limits used "
           f"{checkpoint_limits} s")
-    assert 5.0 <= factor <= 20.0, (usual, slowed)  # "10x"
+    # "10x" at least: the fault sleeps a fixed time per chunk, so the factor rises as the usual save
+    # shrinks on a quieter machine (CI under load: 0.09 s usual; a 4.5 ms sleep gave 20x).
+    assert factor >= 10.0, (usual, slowed)
+    # However long it takes: longer than the checkpoint limit in force, alive only by its bytes moving.
+    assert slowed > max(checkpoint_limits), (slowed, checkpoint_limits)
 
 
 @pytest.fixture(scope="module")

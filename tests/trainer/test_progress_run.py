@@ -22,9 +22,13 @@ def test_two_ranks_report_micro_batches_and_save_bytes_in_one_node_file(tmp_path
                        checkpoint={"interval_steps": 2})
     paths = RunPaths.of(run)
     # slowmicro: busy CPU before each forward and backward of steps 1-3, slowsave: a pause after each
-    # chunk written in step 2's save: both long enough to be seen between two beats.
+    # chunk written in step 2's save: both long enough to be seen between two beats. A rank's state
+    # reaches the node file in two samplings (its own beat into /dev/shm, then local rank 0's gather),
+    # and a step has one window whose last unit is a backward (the second backward is followed at once
+    # by the optimizer): 0.6 s of CPU makes that window twice a beat (with 0.2 s, CI under load saw
+    # no backward from rank 1 in 3 steps).
     procs = launch_local.start(run, 2, {"TRAINER_MAX_STEPS": "3", "TRAINER_FAULT": "slowmicro@step1,slowsave@step2",
-                                        "TRAINER_SLOW_MICRO_SECONDS": "0.2", "TRAINER_SLOW_SAVE_CHUNK_SECONDS": "0.03"})
+                                        "TRAINER_SLOW_MICRO_SECONDS": "0.6", "TRAINER_SLOW_SAVE_CHUNK_SECONDS": "0.03"})
     seen: dict[int, list[tuple[int, str, int, str]]] = defaultdict(list)  # rank -> (step, phase, count, unit)
     names: set[str] = set()
     deadline = time.time() + 240
