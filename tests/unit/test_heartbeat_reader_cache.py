@@ -1,6 +1,7 @@
 """HeartbeatReader's memory between passes (files not parsed again when their bytes are the same,
 entries checked only where they changed) must give what a fresh read gives, whatever changed:
-a field's value (valid or not), a field that appears or goes, the node's own fields, the version.
+a field's value (valid or not), a field that appears or goes, the same fields in another order, the
+node's own fields, the version.
 The oracle is a new reader (no memory: every entry through Heartbeat.from_dict)."""
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _as_dicts(beats: list[Heartbeat]) -> list[str]:
     changes=st.lists(
         st.tuples(
             st.integers(0, 7),  # which entry
-            st.sampled_from([*FIELDS, "drop", "node_job", "node_version"]),
+            st.sampled_from([*FIELDS, "drop", "reorder", "node_job", "node_version"]),
             st.data(),
         ),
         min_size=1,
@@ -71,6 +72,13 @@ def test_a_reader_with_memory_reads_what_a_fresh_one_reads(tmp_path, changes):
         entry = data["ranks"][index]
         if what == "drop":
             entry.pop("loss", None)
+        elif what == "reorder":  # the same keys in another order (the rank's in its place), each
+            # holding its neighbour's value: compared by position, value against value, nothing differs
+            keys = list(entry)
+            others = [k for k in keys if k != "rank"]
+            turned = iter(others[1:] + others[:1])
+            order = [k if k == "rank" else next(turned) for k in keys]
+            data["ranks"][index] = dict(zip(order, entry.values(), strict=True))
         elif what == "node_job":
             data["job_id"] = "43"
         elif what == "node_version":
