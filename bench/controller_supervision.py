@@ -124,10 +124,10 @@ def detection_passes(paths: RunPaths, cfg, ranks: int, now: float, passes: int) 
         write_beats(paths, ranks, "42", now, seq=2 + n, every=2, first=n % 2)  # half the nodes beat
         t0, c0 = time.perf_counter(), time.process_time()
         with pass_collection():  # as Controller.safe_tick runs a pass
-            beats = reader.read()
+            files = reader.read_files()
             mono = time.monotonic()
-            views = liveness.observe(beats, "42", mono)
-            timeouts.learn(liveness.changed)
+            views = liveness.observe(files, "42", mono)
+            timeouts.learn(liveness.gaps_changed)
             result = assess(views, job_id="42", job_seen_at=liveness.job_seen_at, world_size=ranks, now=mono,
                             dead_after=cfg.watchdog.dead_after_seconds,
                             silent_after=silent_after(cfg.watchdog), timeouts=timeouts)

@@ -177,15 +177,12 @@ def assess(
     silent = False
     in_init, past_init = Phase.INIT, False  # past_init: some rank that beats has left init
     over: list[tuple[RankView, float]] = []  # beats older than dead_after: dead, unless a stall
-    node_quiet: dict[str, float] = {}  # per host: its freshest rank's beat age
     for rank, view in views.items():
         beat = view.beat
         host = beat.host
         beat_age = now - view.beat_changed
         if beat_age > host_age.get(host, -1.0):
             host_age[host] = beat_age
-        if beat_age < node_quiet.get(host, float("inf")):
-            node_quiet[host] = beat_age
         step = beat.step
         if step < min_step:
             min_step = step
@@ -218,6 +215,11 @@ def assess(
         if now - changed > limit and beat.progress_unit != wait:
             findings.append(Finding(FindingKind.HANG, rank, host, phase.value, step, now - changed, limit))
     if over:
+        node_quiet: dict[str, float] = {}  # per host: its freshest rank's beat age
+        for view in views.values():
+            host, beat_age = view.beat.host, now - view.beat_changed
+            if beat_age < node_quiet.get(host, float("inf")):
+                node_quiet[host] = beat_age
         silent = (
             _judge_silence(
                 over,

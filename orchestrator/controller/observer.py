@@ -47,10 +47,13 @@ class Observer:
         self.paths, self.cfg, self.scheduler, self.memory = paths, cfg, scheduler, memory
         self.reporter, self.monotonic = reporter, monotonic
         self._beat_reader = HeartbeatReader(paths.heartbeats)
+        self._beat_files: list[list[Heartbeat]] = []
 
     def beats(self) -> list[Heartbeat]:
-        """Every rank's last beat (entries unchanged since the last pass are not checked again)."""
-        return self._beat_reader.read()
+        """Every rank's last beat (entries unchanged since the last pass are not checked again).
+        Kept by file for `assess`, which skips the files that did not change."""
+        self._beat_files = self._beat_reader.read_files()
+        return [beat for file_beats in self._beat_files for beat in file_beats]
 
     def scheduler_view(self, state: ControllerState) -> jobs.SchedulerView:
         live = state.live_jobs()
@@ -129,16 +132,17 @@ class Observer:
         except ContractError:
             return False
 
-    def assess(self, running: JobRecord, beats: list[Heartbeat]) -> Assessment:
-        """Observe the ranks: liveness by change on this process's clock, then the rules; the
-        hang limits are learned per launch from the gaps between marks the beats report."""
+    def assess(self, running: JobRecord) -> Assessment:
+        """Observe the ranks whose beats the last `beats()` read: liveness by change on this
+        process's clock, then the rules; the hang limits are learned per launch from the gaps
+        between marks the beats report."""
         memory, mono, watchdog = self.memory, self.monotonic(), self.cfg.watchdog
-        views = memory.liveness.observe(beats, running.job_id, mono)
+        views = memory.liveness.observe(self._beat_files, running.job_id, mono)
         launch = (running.job_id, memory.liveness.incarnation)
         if memory.timeouts_launch != launch:
             memory.timeouts = PhaseTimeouts.from_watchdog(watchdog)
             memory.timeouts_launch = launch
-        memory.timeouts.learn(memory.liveness.changed)
+        memory.timeouts.learn(memory.liveness.gaps_changed)
         assessment = assess(
             views,
             job_id=running.job_id,

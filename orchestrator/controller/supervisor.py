@@ -357,7 +357,7 @@ class Controller:
             if failure is not None:
                 self._recover(failure, done)
             return True
-        assessment = self.observer.assess(running, beats)
+        assessment = self.observer.assess(running)
         result.assessment = assessment
         self._apply(upkeep.follow_recovery(self.state, assessment, self.clock()), done)
         started = upkeep.training_started(assessment)

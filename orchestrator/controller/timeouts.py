@@ -84,8 +84,8 @@ class PhaseTimeouts:
 
     def learn(self, views: Iterable[RankView]) -> None:
         """Fold in the longest gaps the current launch's ranks report (all of them: a gap comes
-        from work done, never from a rank that is stuck now). `views`: those whose beat changed
-        since the last pass (Liveness.changed) is enough."""
+        from work done, never from a rank that is stuck now). `views`: those whose reported gaps
+        may have changed since the last pass (Liveness.gaps_changed) is enough."""
         longest = self.longest_gap
         for view in views:
             gaps = view.beat.mark_gaps

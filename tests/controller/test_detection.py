@@ -40,8 +40,8 @@ class Passes:
         self.stall_tolerance = stall_tolerance
 
     def at(self, now, beats, job="7"):
-        views = self.live.observe(beats, job, now)
-        self.t.learn(self.live.changed)
+        views = self.live.observe([[b] for b in beats], job, now)  # each beat its own file
+        self.t.learn(self.live.gaps_changed)
         return assess(views, job_id=job, job_seen_at=self.live.job_seen_at, world_size=self.world, now=now,
                       dead_after=DEAD_AFTER, silent_after=SILENT_AFTER, timeouts=self.t,
                       stall_tolerance=self.stall_tolerance)
@@ -247,7 +247,7 @@ def test_a_silent_rank_holds_its_peers_hang_until_it_is_dead_then_it_is_blamed()
     a = None
     for i in range(1, 24):  # 11.5 s: progress frozen everywhere, ranks 0-2 beat
         now = i * 0.5
-        views = p.live.observe([*(fine(r, i, 5) for r in range(3)), quiet], "7", now)
+        views = p.live.observe([[fine(r, i, 5)] for r in range(3)] + [[quiet]], "7", now)
         a = assess(views, job_id="7", job_seen_at=p.live.job_seen_at, world_size=4, now=now, dead_after=10.0,
                    silent_after=SILENT_AFTER, timeouts=p.t)
         if now <= 10.0:
@@ -273,7 +273,7 @@ def test_node_files_a_dead_peer_is_its_own_entry_a_dead_gatherer_is_its_whole_no
     def at(now, *nodes):
         for n in nodes:
             write_node_beat(tmp_path, n, durable=False)
-        views = live.observe(reader.read(), "7", now)
+        views = live.observe(reader.read_files(), "7", now)
         return assess(views, job_id="7", job_seen_at=live.job_seen_at, world_size=4, now=now, dead_after=DEAD_AFTER,
                       silent_after=SILENT_AFTER, timeouts=t)
 
