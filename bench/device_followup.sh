@@ -24,7 +24,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 
 part "1. flash attention bf16 on the GPU"
-timeout 100 $PY -m pytest -q -rA -p no:cacheprovider tests/kernels/test_gpu.py -k "flash_attention_gpu and dtype1" \
+timeout 100 $PY -m pytest -q -rA -p no:cacheprovider tests/bloom_kernels/test_gpu.py -k "flash_attention_gpu and dtype1" \
   2>&1 | grep -E "gpu attention|passed|failed|Error" | tail -40
 echo "attention tests: exit ${PIPESTATUS[0]}"
 

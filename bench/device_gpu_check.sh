@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make gpu-check` (bench/gpu_check.py) on a lent GPU machine, prepared for one run (issue 25): the
-# GPU tests, the side-by-side kernel benchmark that rewrites kernels/dispatch_table.json, and the
+# GPU tests, the side-by-side kernel benchmark that rewrites bloom_kernels/dispatch_table.json, and the
 # bloom-1b7 step beside transformers + AdamW with its profile. Under 8 minutes of checks. Here, once:
 #     bash bench/device_wheels.sh
 # then, with the device tool, from the repo root:
@@ -10,7 +10,7 @@
 # lacks travels as wheels in .whl/ and is installed with --target into /tmp/site (as
 # bench/device_run.sh). Comes back in $OUT (8 files, the device tool's limit): the log, gpu_check.json,
 # gpu_tests.xml, kernels_side_by_side.{json,md}, train_step_gpu.json, train_step_gpu_profile.md and
-# dispatch_table.json: copy them to bench/results/ and kernels/, and commit them.
+# dispatch_table.json: copy them to bench/results/ and bloom_kernels/, and commit them.
 # GPU_CHECK_SECONDS (default 480) is gpu_check.py's budget; without a GPU everything skips, exit 0.
 set -u -o pipefail
 # TRITON_INTERPRET=0: tests/conftest.py turns the interpreter on when /dev/nvidiactl is missing
@@ -40,7 +40,7 @@ import importlib
 import sys
 sys.path.insert(0, ".")
 for name in ["torch", "triton", "transformers", "deepspeed", "pydantic", "torch.nn.attention.flex_attention",
-             "kernels.dispatch", "kernels.implementations", "trainer.engine", "trainer.model"]:
+             "bloom_kernels.dispatch", "bloom_kernels.implementations", "trainer.engine", "trainer.model"]:
     try:
         module = importlib.import_module(name)
         print(f"ok       {name:36s} {getattr(module, '__version__', '')}")
@@ -59,7 +59,7 @@ echo "gpu_check: exit $?"
 part "results"
 for f in bench/results/gpu_check.json bench/results/gpu_tests.xml bench/results/kernels_side_by_side.json \
          bench/results/kernels_side_by_side.md bench/results/train_step_gpu.json \
-         bench/results/train_step_gpu_profile.md kernels/dispatch_table.json; do
+         bench/results/train_step_gpu_profile.md bloom_kernels/dispatch_table.json; do
   [ -f "$f" ] && cp "$f" "$OUT/"
 done
 ls -la "$OUT"

@@ -115,7 +115,7 @@ missing = []
 for name in ["torch", "triton", "numpy", "pydantic", "pydantic_core", "deepspeed", "transformers", "tokenizers",
              "yaml", "jinja2", "rich", "prometheus_client", "matplotlib", "hypothesis", "pytest", "pytest_timeout",
              "orchestrator.config", "trainer.model", "trainer.engine", "trainer.async_checkpoint",
-             "kernels.dispatch"]:
+             "bloom_kernels.dispatch"]:
     try:
         module = importlib.import_module(name)
         print(f"ok       {name:26s} {getattr(module, '__version__', '')}")
@@ -146,7 +146,7 @@ for f in gpu_check.json gpu_tests.xml kernels_side_by_side.json train_step_gpu.j
   [ -f "$RESULTS/$f" ] && cp "$RESULTS/$f" "$OUT/"
 done
 [ -f "$WORK/async_checkpoint_gpu.json" ] && cp "$WORK/async_checkpoint_gpu.json" "$OUT/"
-cp "$RESULTS/kernels_side_by_side.md" "$RESULTS/train_step_gpu_profile.md" kernels/dispatch_table.json "$WORK/" 2>/dev/null
+cp "$RESULTS/kernels_side_by_side.md" "$RESULTS/train_step_gpu_profile.md" bloom_kernels/dispatch_table.json "$WORK/" 2>/dev/null
 # rank logs of a failed async run (a passing row deletes its run directories)
 find /tmp/bench-async-checkpoint-gpu -name 'rank-*.log' 2>/dev/null | while read -r f; do
   mkdir -p "$WORK/async_rank_logs"; cp "$f" "$WORK/async_rank_logs/$(echo "${f#/tmp/}" | tr / _)"; done

@@ -7,7 +7,7 @@ Runs, each under its share of an 8-minute budget, and writes what it measured to
    bf16 paths) -> bench/results/gpu_tests.xml (JUnit);
 2. bench/kernels_side_by_side.py (every implementation of every op at BLOOM's shapes, checked, then
    timed: ours, torch.compile, FlexAttention, SDPA) -> bench/results/kernels_side_by_side.{json,md},
-   and the rows it measured into kernels/dispatch_table.json (what kernels/dispatch.py follows);
+   and the rows it measured into bloom_kernels/dispatch_table.json (what bloom_kernels/dispatch.py follows);
 3. bench/train_step_gpu.py (the bloom-1b7 step's TFLOP/s and MFU beside transformers + AdamW, and a
    torch.profiler summary) -> bench/results/train_step_gpu.json, train_step_gpu_profile.md.
 The table is rewritten before the step is timed, so the step runs with the kernels just chosen.

@@ -3,7 +3,7 @@
 BLOOM's shapes, bf16: the bloom-1b7 training step of bench/train_step_gpu.py (micro-batch 4, seq
 2048, hidden 2048, 16 heads of 128) and one tensor-parallel rank of BLOOM-176B (TP=4: hidden 14336,
 ffn 4*14336/4 = 14336 per rank, 112/4 = 28 heads of 128) at seq 2048 and 4096. One shape per
-shape class (kernels/dispatch_table.py): at seq 2048 the bloom-1b7 step's attention stands for the
+shape class (bloom_kernels/dispatch_table.py): at seq 2048 the bloom-1b7 step's attention stands for the
 class. The CPU smoke cases are tiny and odd-sized: they exercise the script, not the speed.
 """
 
@@ -48,8 +48,8 @@ class Inputs:
 
 
 def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> Inputs:
-    """Random inputs at the case's shape; scales as in tests/kernels/test_gpu.py."""
-    from kernels.alibi import alibi_slopes
+    """Random inputs at the case's shape; scales as in tests/bloom_kernels/test_gpu.py."""
+    from bloom_kernels.alibi import alibi_slopes
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
 

@@ -98,21 +98,21 @@ def _op_cases(s: int):
     """name -> fn(backward=True) running one forward (+ backward) at sequence length s."""
     import torch
 
-    import kernels
-    from kernels.attention.chunked import attention_chunked
-    from kernels.attention.reference import attention_reference
-    from kernels.bias_gelu.reference import bias_gelu_reference
-    from kernels.layer_norm.reference import layer_norm_reference
-    from kernels.softmax.reference import scale_mask_softmax_reference
+    import bloom_kernels
+    from bloom_kernels.attention.chunked import attention_chunked
+    from bloom_kernels.attention.reference import attention_reference
+    from bloom_kernels.bias_gelu.reference import bias_gelu_reference
+    from bloom_kernels.layer_norm.reference import layer_norm_reference
+    from bloom_kernels.softmax.reference import scale_mask_softmax_reference
 
     def leaf(*shape, dtype=torch.bfloat16, scale=1.0):
         return (torch.randn(*shape) * scale).to(dtype).requires_grad_()
 
     x_ln, w_ln, b_ln = leaf(s, 1024), leaf(1024), leaf(1024)
     x_ge, b_ge = leaf(s, 4096), leaf(4096)
-    scores, alibi = leaf(1, s, s, scale=3.0), (kernels.alibi_slopes(1)[:, None, None] * torch.arange(s)).bfloat16()
+    scores, alibi = leaf(1, s, s, scale=3.0), (bloom_kernels.alibi_slopes(1)[:, None, None] * torch.arange(s)).bfloat16()
     qkv = [leaf(1, 1, s, 64, dtype=torch.float32) for _ in range(3)]
-    slopes = kernels.alibi_slopes(1)
+    slopes = bloom_kernels.alibi_slopes(1)
 
     def run(out_fn):
         def fn(backward=True):
@@ -135,7 +135,7 @@ def _bloom_model_step_cases(s: int):
     forward + backward of the LM loss on [1, s] tokens, per attention path."""
     import torch
 
-    import kernels
+    import bloom_kernels
     from orchestrator.config import parse_config
     from trainer.model import BloomModel, bloom_loss
 
@@ -157,7 +157,7 @@ def _bloom_model_step_cases(s: int):
 
     def on(impl):
         def fn(backward=True):
-            with kernels.kernel_path("reference", attention=impl):
+            with bloom_kernels.kernel_path("reference", attention=impl):
                 model.zero_grad(set_to_none=True)
                 loss = bloom_loss(model(ids), torch.roll(ids, -1, 1))
                 if backward:
@@ -177,11 +177,11 @@ def _model_step_cases(s: int):
 
 
 def _standin_block_cases(s: int):
-    """A BLOOM-style block through the public `kernels` API, per attention path (used only when
+    """A BLOOM-style block through the public `bloom_kernels` API, per attention path (used only when
     the real model cannot be built)."""
     import torch
 
-    import kernels
+    import bloom_kernels
 
     torch.manual_seed(0)
     hidden, heads, layers = 128, 2, 1
@@ -197,24 +197,24 @@ def _standin_block_cases(s: int):
             p["ln1_w"].fill_(1.0)
             p["ln2_w"].fill_(1.0)
     x0 = torch.randn(1, s, hidden)
-    slopes = kernels.alibi_slopes(heads)
+    slopes = bloom_kernels.alibi_slopes(heads)
 
     def step(backward=True):
         x = x0
         for p in params:
-            h = kernels.layer_norm(x, p["ln1_w"], p["ln1_b"], 1e-5)
+            h = bloom_kernels.layer_norm(x, p["ln1_w"], p["ln1_b"], 1e-5)
             q, k, v = (h @ p["qkv"]).view(1, s, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-            a = kernels.attention(q, k, v, slopes).transpose(1, 2).reshape(1, s, hidden)
+            a = bloom_kernels.attention(q, k, v, slopes).transpose(1, 2).reshape(1, s, hidden)
             x = x + a @ p["proj"]
-            h = kernels.layer_norm(x, p["ln2_w"], p["ln2_b"], 1e-5)
-            x = x + kernels.bias_gelu(h @ p["fc1"], p["fc1_b"]) @ p["fc2"]
+            h = bloom_kernels.layer_norm(x, p["ln2_w"], p["ln2_b"], 1e-5)
+            x = x + bloom_kernels.bias_gelu(h @ p["fc1"], p["fc1_b"]) @ p["fc2"]
         if backward:
             x.pow(2).mean().backward()
         return x
 
     def on(impl):
         def fn(backward=True):
-            with kernels.kernel_path("reference", attention=impl):
+            with bloom_kernels.kernel_path("reference", attention=impl):
                 step(backward)
         return fn
 

@@ -1,26 +1,26 @@
 """Side-by-side kernel benchmark: every implementation the dispatch can pick, per op, at BLOOM's shapes.
 
     python bench/kernels_side_by_side.py [--budget-seconds 180] [--out bench/results/kernels_side_by_side]
-                                         [--table kernels/dispatch_table.json]
+                                         [--table bloom_kernels/dispatch_table.json]
     python bench/kernels_side_by_side.py --cpu-smoke --out DIR/name [--table DIR/table.json]
 
 For each case of bench/kernel_cases.py (LayerNorm, bias+GeLU, scale+mask+ALiBi softmax, attention
-with ALiBi) and each implementation of kernels/implementations.py: ours (triton), torch.compile of
+with ALiBi) and each implementation of bloom_kernels/implementations.py: ours (triton), torch.compile of
 the plain reference (compiled), the reference, and for attention the library paths a user would
 pick, FlexAttention with an ALiBi score_mod (flex) and SDPA with an additive ALiBi bias (sdpa), plus
 our torch flash algorithm (chunked):
   1. correctness first, against the plain-torch reference, forward (no autograd) and forward +
-     backward, max error printed: bf16/fp32 tolerances of kernels/testing.py; bf16 attention by
-     FlashAttention's criterion against an fp32 computation (kernels.testing.attention_bf16_bounds);
+     backward, max error printed: bf16/fp32 tolerances of bloom_kernels/testing.py; bf16 attention by
+     FlashAttention's criterion against an fp32 computation (bloom_kernels.testing.attention_bf16_bounds);
      fp32 attention and fp32 parameter gradients (sums over rows) 1e-4 relative, as
-     tests/kernels/test_gpu.py. A candidate that fails is never timed and never chosen;
+     tests/bloom_kernels/test_gpu.py. A candidate that fails is never timed and never chosen;
   2. then forward (under torch.no_grad) and forward+backward times: median of
      triton.testing.do_bench on a GPU; achieved GB/s (LayerNorm, GeLU, softmax: minimum bytes moved,
      bench/kernel_cases.py) or TFLOP/s (attention) and the fraction of the device's peak
      (bench/device_peaks.py, vendor data sheets).
 Writes <out>.json and <out>.md after every case (a run stopped at its time limit keeps what it
 measured), and merges one row per case and mode into the dispatch table (--table; on a GPU the
-committed kernels/dispatch_table.json by default), which kernels/dispatch.py follows.
+committed bloom_kernels/dispatch_table.json by default), which bloom_kernels/dispatch.py follows.
 
 Without a GPU it says so and exits 0, unless --cpu-smoke: tiny fp32 shapes on the CPU, Triton under
 TRITON_INTERPRET=1, torch.compile with the aot_eager backend (inductor's C++ build takes minutes on
@@ -77,7 +77,7 @@ def _check(case: Case, inputs, fn, mode: str, expected, dtype) -> tuple[float, b
     """(max error, correct, how it was judged) of one candidate in one mode against the reference."""
     import torch
 
-    from kernels.testing import max_error, tolerance_check
+    from bloom_kernels.testing import max_error, tolerance_check
 
     out, grads = _run(fn, inputs, mode)
     names = ["out", *(f"d{i}" for i in range(len(grads)))]
@@ -89,7 +89,7 @@ def _check(case: Case, inputs, fn, mode: str, expected, dtype) -> tuple[float, b
             results.append((err, err <= bound and not torch.isnan(actual).any().item(), f"{name} {err:.2e} <= {bound:.2e}"))
             continue
         ref = expected["out"] if index == 0 else expected["grads"][index - 1]
-        # fp32: attention and parameter gradients (sums over rows) at 1e-4, as tests/kernels/test_gpu.py
+        # fp32: attention and parameter gradients (sums over rows) at 1e-4, as tests/bloom_kernels/test_gpu.py
         loose = dtype == torch.float32 and (case.op == "attention" or (index > 1 and case.op != "attention"))
         err, ok = tolerance_check(actual, ref, dtype, 1e-4 if loose else None)
         results.append((err, ok, f"{name} {err:.2e}"))
@@ -99,8 +99,8 @@ def _check(case: Case, inputs, fn, mode: str, expected, dtype) -> tuple[float, b
 def _expected(case: Case, inputs, dtype) -> dict:
     import torch
 
-    from kernels.implementations import REFERENCES
-    from kernels.testing import attention_bf16_bounds
+    from bloom_kernels.implementations import REFERENCES
+    from bloom_kernels.testing import attention_bf16_bounds
 
     out, grads = _run(REFERENCES[case.op], inputs, "fwd_bwd")
     expected = {"out": out, "grads": grads}
@@ -125,9 +125,9 @@ def measure_case(case: Case, device: str, dtype, device_name: str) -> dict:
     """Check, then time, every implementation of the case's op; returns the case's record."""
     import torch
 
-    from kernels import dispatch
-    from kernels.dispatch_table import IMPLEMENTATIONS, size_class
-    from kernels.implementations import implementation
+    from bloom_kernels import dispatch
+    from bloom_kernels.dispatch_table import IMPLEMENTATIONS, size_class
+    from bloom_kernels.implementations import implementation
 
     inputs = make_inputs(case, device, dtype)
     expected = _expected(case, inputs, dtype)
@@ -172,7 +172,7 @@ def _rate_text(result: dict) -> str:
 
 def table_rows(record: dict, device_name: str, source: str):
     """One dispatch-table row per mode of a measured case."""
-    from kernels.dispatch_table import Row
+    from bloom_kernels.dispatch_table import Row
 
     rows = []
     for mode in MODES:
@@ -194,7 +194,7 @@ def write_markdown(path: Path, result: dict) -> None:
     lines = ["# Kernels side by side", "",
              f"{result['device']}, {result['dtype']}; peaks: {result['peak_gbs']} GB/s, {result['peak_bf16_tflops']} "
              f"TFLOP/s bf16 dense ({PEAKS_SOURCE}); torch {result['torch']}, triton {result['triton']}, compile backend "
-             f"{result['compile_backend']}. Chosen = the fastest correct candidate (what kernels/dispatch.py runs).", "",
+             f"{result['compile_backend']}. Chosen = the fastest correct candidate (what bloom_kernels/dispatch.py runs).", "",
              "| op | case | shape | impl | correct (max error) | fwd ms | fwd rate | fwd+bwd ms | fwd+bwd rate | chosen |",
              "| --- | --- | --- | --- | --- | ---: | --- | ---: | --- | --- |"]
     for case in result["cases"]:
@@ -231,14 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="output path without extension (.json and .md)")
     parser.add_argument("--table", default=None, help="dispatch table to merge the measured rows into")
     args = parser.parse_args(argv)
-    if args.cpu_smoke:  # before anything imports triton or compiles (see kernels/dispatch.py)
+    if args.cpu_smoke:  # before anything imports triton or compiles (see bloom_kernels/dispatch.py)
         os.environ.setdefault("TRITON_INTERPRET", "1")
         os.environ.setdefault("BLOOM_COMPILE_BACKEND", "aot_eager")
 
     import torch
 
-    from kernels.dispatch_table import DEFAULT_TABLE, merge_rows
-    from kernels.implementations import compile_backend
+    from bloom_kernels.dispatch_table import DEFAULT_TABLE, merge_rows
+    from bloom_kernels.implementations import compile_backend
 
     gpu = torch.cuda.is_available() and not args.cpu_smoke
     if not gpu and not args.cpu_smoke:
@@ -263,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
               "peak_gbs": peak_gbs(device_name), "peak_bf16_tflops": peak_bf16_tflops(device_name),
               "peaks_source": PEAKS_SOURCE, "copy_gbs": _copy_gbs() if gpu else None, "cases": [], "skipped": {}}
     source = f"{device_name} {stamp[:10]} kernels_side_by_side"
-    about = ("The measured table kernels/dispatch.py follows: per row the fastest candidate not known to be incorrect "
-             "runs (row format: kernels/dispatch_table.py; how it decides and how to re-measure: docs/kernels.md). "
+    about = ("The measured table bloom_kernels/dispatch.py follows: per row the fastest candidate not known to be incorrect "
+             "runs (row format: bloom_kernels/dispatch_table.py; how it decides and how to re-measure: docs/kernels.md). "
              "bench/kernels_side_by_side.py rewrites the rows it measures when run on a GPU.")
     description = (f"bench/kernels_side_by_side.py on {device_name}, {stamp} (torch {torch.__version__}, triton "
                    f"{triton_version}, compile backend {compile_backend()}), {result['dtype']}; every candidate checked "

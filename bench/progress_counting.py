@@ -60,7 +60,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    import kernels
+    import bloom_kernels
     from trainer.engine import initialize, install_progress_marks
     from trainer.launch import dist_env_from, init_distributed
     from trainer.model import build_pipeline_module
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     cfg = bench_cfg(args)
     init_distributed(dist_env_from({}), "cpu")
-    kernels.set_kernel_path("reference")
+    bloom_kernels.set_kernel_path("reference")
     layout = ParallelLayout()
     initialize_model_parallel(layout)
     torch.manual_seed(1)

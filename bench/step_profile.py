@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Our Triton kernels' function names (kernels/*/triton_impl.py), which name their CUDA kernels.
+# Our Triton kernels' function names (bloom_kernels/*/triton_impl.py), which name their CUDA kernels.
 OUR_KERNEL_PREFIXES = ("_attn_fwd", "_attn_bwd", "_layer_norm_fwd", "_layer_norm_bwd", "_bias_gelu_fwd",
                        "_bias_gelu_bwd", "_softmax_fwd", "_softmax_bwd")
 # name fragment -> kind; first match wins (lower-case). Heuristic: it reads kernel names.

@@ -87,14 +87,14 @@ def main(argv=None) -> int:
     import transformers
     from transformers import BloomForCausalLM
 
-    import kernels
+    import bloom_kernels
     from trainer.convert_hf import bloom_config_for, to_hf_state_dict
     from trainer.model import BloomModel
     from trainer.parallel.groups import ParallelLayout
 
     torch.set_num_threads(args.threads)
     cfg = tiny_cfg(args)
-    kernels.set_kernel_path("reference")
+    bloom_kernels.set_kernel_path("reference")
     ours = BloomModel(cfg, ParallelLayout()).train()
     hf_config = bloom_config_for(cfg)
     hf_config._attn_implementation = "eager"

@@ -11,7 +11,7 @@ In this order (the baseline first: plain torch objects, freed before our engine 
    (bench/train_step_baseline.py), same micro-batch, accumulation and sequence;
 2. ours: the trainer's step, our BLOOM PipelineModule in DeepSpeed's PipelineEngine, bf16 weights,
    BF16_Optimizer (fp32 master + fp32 gradient accumulation, ZeRO-1), AdamW, clipping; kernels as
-   kernels/dispatch.py picks them (the decisions are recorded); random tokens;
+   bloom_kernels/dispatch.py picks them (the decisions are recorded); random tokens;
 3. torch.profiler over --profile-steps more of our steps: the summary (top kernels by device time,
    time by kind) goes to <out stem>_profile.md, its head into the JSON (bench/step_profile.py).
 Model FLOPs per iteration, for both (the same architecture): every matmul of forward and backward,
@@ -122,10 +122,10 @@ def main(argv=None) -> int:
         os.environ["DS_ACCELERATOR"] = "cpu"
     out = args.out or (REPO / "bench" / "results" / "train_step_gpu.json" if gpu else None)
 
-    import kernels
+    import bloom_kernels
     from bench.step_profile import profile_steps, summarise, write_summary
     from bench.train_step_baseline import run_transformers_baseline
-    from kernels import dispatch
+    from bloom_kernels import dispatch
     from trainer.engine import grad_norm, initialize
     from trainer.launch import dist_env_from, init_distributed
     from trainer.metrics import flops_per_iteration as megatron_flops
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
         write()
 
     init_distributed(dist_env_from({}), cfg.cluster.accelerator)
-    kernels.set_kernel_path(args.kernels)
+    bloom_kernels.set_kernel_path(args.kernels)
     layout = ParallelLayout()
     initialize_model_parallel(layout)
     torch.manual_seed(1)
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
                                                      args.recompute) / step_s / 1e12,
         "megatron_formula_tflops": record["megatron_formula_flops_per_iteration"] / step_s / 1e12,
         "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else None,
-        "losses": losses, "kernel_path": kernels.current_path() if gpu else "reference",
+        "losses": losses, "kernel_path": bloom_kernels.current_path() if gpu else "reference",
         "kernel_decisions": dispatch.decisions(),
     }
     if "step_seconds_median" in record.get("transformers", {}):

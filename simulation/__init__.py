@@ -7,7 +7,7 @@ clock.py (time), timings.py (BLOOM's durations), slurm.py (the scheduler), incar
 launch's ranks), checkpoints.py (saves and resumes), world.py (events, faults, the time ledger),
 harness.py (controller passes), scenarios.py and runner.py (named faults as policy), soak.py (a
 month of faults at a published rate). For tests and benchmarks only: `pip install .` does not
-ship it (setup.cfg packages orchestrator, trainer and kernels)."""
+ship it (setup.cfg packages orchestrator, trainer and bloom_kernels)."""
 
 from .clock import VirtualClock
 from .harness import Harness, bloom_config

@@ -16,7 +16,7 @@ pytest_plugins = ["tests.fixtures_slurm", "tests.fixtures_disk"]
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 # Without a GPU, Triton kernels can only run interpreted, and triton fixes compiled/interpreted at
 # its first import (transformers and deepspeed import it): decide before any test module loads.
-# See kernels/dispatch.py.
+# See bloom_kernels/dispatch.py.
 if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 if str(REPO_ROOT) not in sys.path:

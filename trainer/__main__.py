@@ -88,10 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     code = ExitCode.FAILED
     try:
         init_distributed(dist, "cpu" if os.environ.get("DS_ACCELERATOR") == "cpu" else cfg.cluster.accelerator)
-        import kernels
+        import bloom_kernels
 
-        kernels.set_kernel_path(cfg.model.kernels)
-        kernels.set_attention_impl(cfg.model.attention)
+        bloom_kernels.set_kernel_path(cfg.model.kernels)
+        bloom_kernels.set_attention_impl(cfg.model.attention)
         from trainer.loop import Trainer
 
         try:

@@ -80,11 +80,11 @@ def _sample_coordinates(rows: int, seq: int, vocab: int) -> list[tuple[int, int,
 
 
 def _setup(cfg, layout) -> dict[str, Any]:
-    import kernels
+    import bloom_kernels
 
     device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
-    return {"layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp}, "kernels": kernels.current_path(device),
-            "attention": kernels.current_attention_impl(device), "dtype": cfg.model.dtype, "device": device}
+    return {"layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp}, "kernels": bloom_kernels.current_path(device),
+            "attention": bloom_kernels.current_attention_impl(device), "dtype": cfg.model.dtype, "device": device}
 
 
 def compute_probe(engine, cfg, layout, dataset_name: str, dataset) -> dict[str, Any]:

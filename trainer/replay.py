@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.CONFIG_ERROR)
     paths = RunPaths.of(args.run_dir, cfg.checkpoint.dir)
 
-    import kernels
+    import bloom_kernels
     from trainer.launch import dist_env_from, init_distributed, shutdown_distributed
     from trainer.loop import Overrides, Trainer
     from trainer.parallel.groups import LayoutError
@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu = os.environ.get("DS_ACCELERATOR") == "cpu"
     try:
         init_distributed(dist, "cpu" if cpu else cfg.cluster.accelerator)
-        kernels.set_kernel_path(cfg.model.kernels)
-        kernels.set_attention_impl(cfg.model.attention)
+        bloom_kernels.set_kernel_path(cfg.model.kernels)
+        bloom_kernels.set_attention_impl(cfg.model.attention)
         trainer = Trainer(cfg, paths, dist, Overrides(tensorboard=False), NullHeartbeat())
         result = replay(trainer, paths, args.step, args.steps, 0.0 if cpu else GPU_RTOL)
     except LayoutError as exc:

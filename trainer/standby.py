@@ -50,7 +50,7 @@ def warm_up() -> None:
     import torch
     import torch._dynamo  # noqa: F401 - what an optimizer's constructor pulls in
 
-    import kernels  # noqa: F401
+    import bloom_kernels  # noqa: F401
     import trainer.engine  # noqa: F401
     import trainer.loop  # noqa: F401
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
+import bloom_kernels
 from tests.model.bloom_configs import tiny_config
 from trainer.model import BloomModel, bloom_loss
 
@@ -43,9 +43,9 @@ def test_triton_path_matches_reference_on_gpu(dtype, tol):
     model = BloomModel(cfg).cuda().to(dtype).eval()
     ids = _ids(cfg, batch=4).cuda()
     with torch.no_grad():
-        with kernels.kernel_path("reference", attention="materialized"):
+        with bloom_kernels.kernel_path("reference", attention="materialized"):
             ref = model(ids).float()
-        with kernels.kernel_path("triton"):
+        with bloom_kernels.kernel_path("triton"):
             fast = model(ids).float()
     err = (fast - ref).abs().max().item()
     print(f"triton vs reference on GPU ({dtype}): logits max abs err {err:.3e} (scale {ref.abs().max().item():.2f})")

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
+import bloom_kernels
 from tests.model.bloom_configs import tiny_config
 from trainer.convert_hf import bloom_config_for, from_hf_state_dict, hf_key_for, to_hf_state_dict
 from trainer.model import BloomModel, bloom_loss
@@ -44,7 +44,7 @@ def pair(cfg, seed: int = 0):
     [
         ({"num_attention_heads": 6, "hidden_size": 48}, "materialized"),  # non-power-of-2 heads
         ({"num_attention_heads": 4, "hidden_size": 64, "num_layers": 3}, "materialized"),
-        ({"num_attention_heads": 6, "hidden_size": 48}, "chunked"),  # kernels.attention path
+        ({"num_attention_heads": 6, "hidden_size": 48}, "chunked"),  # bloom_kernels.attention path
     ],
 )
 def test_logits_match_transformers(model, attention):
@@ -53,7 +53,7 @@ def test_logits_match_transformers(model, attention):
     ours.eval()
     hf.eval()
     ids = torch.randint(0, cfg.model.vocab_size, (3, cfg.model.seq_length), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad(), kernels.kernel_path("reference", attention=attention):
+    with torch.no_grad(), bloom_kernels.kernel_path("reference", attention=attention):
         ours_logits = ours(ids)
         hf_logits = hf(ids).logits
     err = (ours_logits - hf_logits).abs().max().item()
@@ -70,7 +70,7 @@ def test_gradients_match_transformers():
     hf.train()  # dropout is 0 in the config: train mode must be deterministic
     ids = torch.randint(0, cfg.model.vocab_size, (2, cfg.model.seq_length), generator=torch.Generator().manual_seed(2))
     labels = torch.roll(ids, -1, dims=1)
-    with kernels.kernel_path("reference", attention="materialized"):
+    with bloom_kernels.kernel_path("reference", attention="materialized"):
         loss = bloom_loss(ours(ids), labels)
     hf_logits = hf(ids).logits
     hf_loss = F.cross_entropy(hf_logits.reshape(-1, hf_logits.shape[-1]), labels.reshape(-1))

@@ -75,7 +75,7 @@ def plain_pytorch_losses(run_dir, steps: int) -> dict[str, list[float]]:
     import torch
     import torch.nn.functional as F
 
-    import kernels
+    import bloom_kernels
     from orchestrator.config import load_config
     from orchestrator.contract import RunPaths
     from trainer.loop import build_datasets
@@ -102,7 +102,7 @@ def plain_pytorch_losses(run_dir, steps: int) -> dict[str, list[float]]:
         return opt.min_lr + (opt.lr - opt.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
     out: dict[str, list[float]] = {"loss": [], "grad_norm": [], "lr": []}
-    with kernels.kernel_path("reference"):
+    with bloom_kernels.kernel_path("reference"):
         for step in range(steps):
             tokens = torch.stack([torch.from_numpy(train[i]["text"]) for i in range(step * batch, (step + 1) * batch)])
             lr = lr_after(step * batch)

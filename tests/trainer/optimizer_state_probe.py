@@ -70,7 +70,7 @@ def main(run_dir: str, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    import kernels
+    import bloom_kernels
     from orchestrator.config import load_config
     from orchestrator.contract import RunPaths
     from trainer.launch import dist_env_from, init_distributed
@@ -81,7 +81,7 @@ def main(run_dir: str, out: str) -> None:
     paths = RunPaths.of(run_dir, cfg.checkpoint.dir)  # as trainer.__main__ does
     env = dist_env_from(os.environ)
     init_distributed(env, "cpu")
-    kernels.set_kernel_path(cfg.model.kernels)
+    bloom_kernels.set_kernel_path(cfg.model.kernels)
     trainer = Trainer(cfg, paths, env, Overrides(), heartbeat=_NoHeartbeat())
     trainer.build()
     trainer.resume()

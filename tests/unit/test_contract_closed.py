@@ -2,7 +2,7 @@
 as a raw dict. They go through the typed readers (contract.read_heartbeats, contract.events
 .read_events) and use attributes.
 
-Two checks over the source of every production module (orchestrator/, trainer/, kernels/,
+Two checks over the source of every production module (orchestrator/, trainer/, bloom_kernels/,
 simulation/, bench/), by its syntax tree:
 - no `x["k"]` or `x.get("k")` where k is a field only heartbeats or events have (the kind key
   "event", "extra", beat_time, failure_time, resume_step, ...): reading one of those is reading a
@@ -25,7 +25,7 @@ from orchestrator.contract import Heartbeat
 from orchestrator.contract.events import event_kinds
 
 REPO = Path(__file__).resolve().parents[2]
-SCANNED = ["orchestrator", "trainer", "kernels", "simulation", "bench"]
+SCANNED = ["orchestrator", "trainer", "bloom_kernels", "simulation", "bench"]
 CONTRACT = REPO / "orchestrator" / "contract"
 # Field names other records share (config, SLURM's JSON, the job table, scenario facts): a read of
 # one of these is not evidence of a raw beat or event. Raw reads of the files are checked apart.

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
-from kernels.bias_gelu.reference import gelu_reference
+import bloom_kernels
+from bloom_kernels.bias_gelu.reference import gelu_reference
 from trainer.parallel import groups
 from trainer.parallel.tensor_parallel import (
     ColumnParallelLinear,
@@ -29,7 +29,7 @@ from trainer.parallel.tensor_parallel import (
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm through `kernels.layer_norm` (fp32 statistics). Its parameters are replicated on TP
+    """LayerNorm through `bloom_kernels.layer_norm` (fp32 statistics). Its parameters are replicated on TP
     ranks (marked `tp_replicated`)."""
 
     def __init__(self, hidden_size: int, eps: float, params_dtype: torch.dtype = torch.float32):
@@ -41,7 +41,7 @@ class LayerNorm(nn.Module):
         mark_tp_replicated(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.layer_norm(x, self.weight, self.bias, self.eps)
+        return bloom_kernels.layer_norm(x, self.weight, self.bias, self.eps)
 
 
 class ModelDims:
@@ -132,7 +132,7 @@ class ParallelAttention(nn.Module):
         """fp32 [heads_per_rank]: this rank's slice of the slopes of all heads (zeros without ALiBi)."""
         if device not in self._slopes:
             if self.use_alibi:
-                slopes = kernels.alibi_slopes_for_rank(self.num_heads, self.tp_rank, self.tp_size)
+                slopes = bloom_kernels.alibi_slopes_for_rank(self.num_heads, self.tp_rank, self.tp_size)
             else:
                 slopes = torch.zeros(self.heads_per_rank, dtype=torch.float32)
             self._slopes[device] = slopes.to(device)
@@ -155,8 +155,8 @@ class ParallelAttention(nn.Module):
         slopes = self.alibi_slopes(hidden.device)
 
         dropout = self.attention_dropout if self.training else 0.0
-        if dropout == 0.0 and kernels.current_attention_impl(hidden.device.type) != "materialized":
-            context = kernels.attention(q, k, v, slopes, causal=True, softmax_scale=self.softmax_scale)
+        if dropout == 0.0 and bloom_kernels.current_attention_impl(hidden.device.type) != "materialized":
+            context = bloom_kernels.attention(q, k, v, slopes, causal=True, softmax_scale=self.softmax_scale)
         else:
             # The standard path, as transformers': scores [b*nh, s, s], ALiBi = slope * key position
             # [b*nh, 1, s] (softmax is invariant to the per-row constant), fused scale+mask+softmax.
@@ -164,14 +164,14 @@ class ParallelAttention(nn.Module):
             k3 = k.reshape(b * nh, s, hd)
             v3 = v.reshape(b * nh, s, hd)
             alibi = self._alibi(slopes, b, s, hidden.device)  # [b*nh, 1, s] fp32
-            if kernels.current_path(hidden.device.type) == "reference" and q3.dtype == torch.float32:
+            if bloom_kernels.current_path(hidden.device.type) == "reference" and q3.dtype == torch.float32:
                 # Plain torch (CPU): scale and ALiBi ride in the GEMM (baddbmm, as transformers), the
                 # softmax then only adds the causal mask. The Triton kernel fuses them itself.
                 scores = torch.baddbmm(alibi, q3, k3.transpose(1, 2), beta=1.0, alpha=self.softmax_scale)
-                probs = kernels.scale_mask_softmax(scores, 1.0, None, causal=True)
+                probs = bloom_kernels.scale_mask_softmax(scores, 1.0, None, causal=True)
             else:
                 scores = torch.bmm(q3, k3.transpose(1, 2))
-                probs = kernels.scale_mask_softmax(scores, self.softmax_scale, alibi, causal=True)
+                probs = bloom_kernels.scale_mask_softmax(scores, self.softmax_scale, alibi, causal=True)
             probs = F.dropout(probs, p=dropout, training=self.training)
             context = torch.bmm(probs, v3).view(b, nh, s, hd)
         context = context.transpose(1, 2).reshape(b, s, nh * hd)  # [b, s, h/tp], heads in order
@@ -193,7 +193,7 @@ class ParallelMLP(nn.Module):
             init_seed=dims.init_seed, name=f"{prefix}.dense_4h_to_h", params_dtype=dims.params_dtype)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if hidden.dtype == torch.float32 and kernels.current_path(hidden.device.type) == "reference":
+        if hidden.dtype == torch.float32 and bloom_kernels.current_path(hidden.device.type) == "reference":
             # Plain torch (CPU): the only place to fuse the bias into is the GEMM itself (addmm, as
             # nn.Linear), then GeLU. (In bf16 the GEMM would round x + bias to bf16 first, which the
             # bias_gelu definition does not, so bf16 keeps the path below.)
@@ -201,7 +201,7 @@ class ParallelMLP(nn.Module):
             out, _ = self.dense_4h_to_h(gelu_reference(intermediate))
             return out
         intermediate, bias = self.dense_h_to_4h(hidden)  # [b, s, 4h/tp], bias [4h/tp]
-        out, _ = self.dense_4h_to_h(kernels.bias_gelu(intermediate, bias))
+        out, _ = self.dense_4h_to_h(bloom_kernels.bias_gelu(intermediate, bias))
         return out
 
 

@@ -19,7 +19,7 @@ from collections import OrderedDict
 import torch
 import torch.nn.functional as F
 
-from kernels.attention.reference import alibi_relative_bias, check_attention_args
+from bloom_kernels.attention.reference import alibi_relative_bias, check_attention_args
 
 _BIASES: OrderedDict = OrderedDict()  # (id(slopes), version, sq, sk, causal, dtype, device) -> (slopes, bias)
 _MAX_ENTRIES = 4  # each is h * sq * sk elements: a few shapes per run

@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 import torch
 
-from kernels.attention.reference import check_attention_args
+from bloom_kernels.attention.reference import check_attention_args
 
 # (id(slopes), slopes version, sq, sk, causal, device) -> (slopes, score_mod, block_mask). Built once
 # per shape: a new closure or mask per call would make torch.compile re-trace. The slopes tensor is

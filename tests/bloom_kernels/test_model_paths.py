@@ -5,7 +5,7 @@ Paths compared with the reference path (reference kernels, materialised attentio
   scale+mask+softmax), and reference with chunked attention. The Triton kernels run interpreted
   (TRITON_INTERPRET=1, see conftest.py), so the model is tiny: 2 layers, hidden 48, 6 heads of 8,
   16 tokens, batch 2.
-Tolerances: fp32, elementwise rtol 1e-4 of each tensor's max (kernels/testing.py rule): each op
+Tolerances: fp32, elementwise rtol 1e-4 of each tensor's max (bloom_kernels/testing.py rule): each op
   agrees to ~1e-6 and a 2-layer model amplifies that by ~10. bf16: relative Frobenius error of
   each gradient <= 2e-2 and loss within 0.5%: every op rounds its output to bf16 (2**-9 relative),
   the paths round different intermediates, and those differences compound through the layers.
@@ -18,8 +18,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import dispatch  # noqa: E402
-from kernels.testing import compare_paths  # noqa: E402
+from bloom_kernels import dispatch  # noqa: E402
+from bloom_kernels.testing import compare_paths  # noqa: E402
 
 PATHS = [("triton", None), ("triton", "materialized"), ("reference", "chunked")]
 

@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_common import INTERPRETED, next_pow2
-from kernels.attention.reference import check_attention_args
+from bloom_kernels._triton_common import INTERPRETED, next_pow2
+from bloom_kernels.attention.reference import check_attention_args
 
 LOG2E = 1.4426950408889634
 

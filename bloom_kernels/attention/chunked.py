@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from kernels.attention.reference import alibi_relative_bias, check_attention_args
+from bloom_kernels.attention.reference import alibi_relative_bias, check_attention_args
 
 DEFAULT_CHUNK = 512  # [b, h, 512, sk] fp32 per step: 16 MiB per head at sk = 8192
 

@@ -1,4 +1,4 @@
-"""Every implementation of every op, by name, with the op's own signature: what `kernels.dispatch`
+"""Every implementation of every op, by name, with the op's own signature: what `bloom_kernels.dispatch`
 chooses from and what bench/kernels_side_by_side.py measures (so the benchmark times exactly what
 the dispatch runs).
 
@@ -7,7 +7,7 @@ the dispatch runs).
       bias_gelu(x, bias)
       scale_mask_softmax(scores, scale, alibi, causal)
       attention(q, k, v, alibi_slopes, causal, softmax_scale)
-Names (kernels/dispatch_table.IMPLEMENTATIONS): reference (plain torch, the definition), triton
+Names (bloom_kernels/dispatch_table.IMPLEMENTATIONS): reference (plain torch, the definition), triton
 (ours), compiled (torch.compile of the reference), and for attention chunked (flash algorithm in
 torch), flex (FlexAttention + ALiBi score_mod), sdpa (SDPA + additive ALiBi bias).
 
@@ -24,14 +24,14 @@ from collections.abc import Callable
 
 import torch
 
-from kernels import dispatch
-from kernels.attention.chunked import attention_chunked
-from kernels.attention.reference import attention_reference
-from kernels.attention.sdpa import attention_sdpa
-from kernels.bias_gelu.reference import bias_gelu_reference
-from kernels.dispatch_table import IMPLEMENTATIONS
-from kernels.layer_norm.reference import layer_norm_reference
-from kernels.softmax.reference import scale_mask_softmax_reference
+from bloom_kernels import dispatch
+from bloom_kernels.attention.chunked import attention_chunked
+from bloom_kernels.attention.reference import attention_reference
+from bloom_kernels.attention.sdpa import attention_sdpa
+from bloom_kernels.bias_gelu.reference import bias_gelu_reference
+from bloom_kernels.dispatch_table import IMPLEMENTATIONS
+from bloom_kernels.layer_norm.reference import layer_norm_reference
+from bloom_kernels.softmax.reference import scale_mask_softmax_reference
 
 ENV_COMPILE_BACKEND = "BLOOM_COMPILE_BACKEND"
 REFERENCES: dict[str, Callable] = {
@@ -58,7 +58,7 @@ def compiled_reference(op: str) -> Callable:
 
 
 def _attention_flex(*args, **kwargs):
-    from kernels.attention.flex import attention_flex  # imports torch's flex module: only when used
+    from bloom_kernels.attention.flex import attention_flex  # imports torch's flex module: only when used
 
     return attention_flex(*args, **kwargs)
 

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_common import INTERPRETED, tanh_f32
+from bloom_kernels._triton_common import INTERPRETED, tanh_f32
 
 
 @triton.jit

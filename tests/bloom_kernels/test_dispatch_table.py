@@ -16,11 +16,11 @@ import logging
 import pytest
 import torch
 
-import kernels
-from kernels import dispatch
-from kernels.dispatch_table import IMPLEMENTATIONS, Row, Table, load_table, parse_row
-from kernels.implementations import REFERENCES
-from kernels.testing import assert_close
+import bloom_kernels
+from bloom_kernels import dispatch
+from bloom_kernels.dispatch_table import IMPLEMENTATIONS, Row, Table, load_table, parse_row
+from bloom_kernels.implementations import REFERENCES
+from bloom_kernels.testing import assert_close
 from tests.conftest import REPO_ROOT
 
 
@@ -54,20 +54,20 @@ def layer_norm_inputs(rows: int = 5, hidden: int = 12):
 def test_the_faster_path_in_the_table_runs_not_the_slower():
     x, w, b = layer_norm_inputs(hidden=12)  # size class 16
     dispatch.use_table(cpu_table("layer_norm", 16, "fwd_bwd", {"reference": 2.0, "compiled": 1.0}))
-    assert type(kernels.layer_norm(x, w, b).grad_fn).__name__ == "CompiledFunctionBackward"
+    assert type(bloom_kernels.layer_norm(x, w, b).grad_fn).__name__ == "CompiledFunctionBackward"
     dispatch.use_table(cpu_table("layer_norm", 16, "fwd_bwd", {"reference": 1.0, "compiled": 2.0}))
-    assert type(kernels.layer_norm(x, w, b).grad_fn).__name__ == "NativeLayerNormBackward0"
+    assert type(bloom_kernels.layer_norm(x, w, b).grad_fn).__name__ == "NativeLayerNormBackward0"
 
 
 def test_incorrect_and_unavailable_candidates_are_never_chosen():
     x, w, b = layer_norm_inputs(hidden=12)
     table = cpu_table("layer_norm", 16, "fwd_bwd", {"compiled": 0.5, "reference": 2.0}, correct={"compiled": False})
     dispatch.use_table(table)
-    assert type(kernels.layer_norm(x, w, b).grad_fn).__name__ == "NativeLayerNormBackward0"
+    assert type(bloom_kernels.layer_norm(x, w, b).grad_fn).__name__ == "NativeLayerNormBackward0"
     # FlexAttention has no backward on CPU: the fastest row entry cannot run a training call here
     q = torch.randn(1, 2, 9, 8, requires_grad=True)
     dispatch.use_table(cpu_table("attention", 16, "fwd_bwd", {"flex": 0.1, "sdpa": 0.2, "reference": 0.3}))
-    assert dispatch.implementation_for("attention", q, q, q, kernels.alibi_slopes(2)) == "sdpa"
+    assert dispatch.implementation_for("attention", q, q, q, bloom_kernels.alibi_slopes(2)) == "sdpa"
 
 
 def test_forward_only_calls_follow_the_fwd_row():
@@ -83,10 +83,10 @@ def test_forward_only_calls_follow_the_fwd_row():
 def test_no_row_falls_back_to_the_choice_before_the_table(caplog):
     x, w, b = layer_norm_inputs(hidden=100)  # size class 128: not in the table
     dispatch.use_table(cpu_table("layer_norm", 16, "fwd_bwd", {"compiled": 1.0, "reference": 2.0}))
-    with caplog.at_level(logging.INFO, logger="kernels"):
-        out = kernels.layer_norm(x, w, b)
+    with caplog.at_level(logging.INFO, logger="bloom_kernels"):
+        out = bloom_kernels.layer_norm(x, w, b)
     assert type(out.grad_fn).__name__ == "NativeLayerNormBackward0"  # fallback on CPU: reference
-    messages = [r.getMessage() for r in caplog.records if r.name == "kernels"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "bloom_kernels"]
     print(messages)
     assert len(messages) == 1 and "fallback" in messages[0] and "path=reference" in messages[0]
     # an empty row (a known but unmeasured class) falls back too
@@ -98,14 +98,14 @@ def test_overrides_beat_the_table(monkeypatch):
     x, w, b = layer_norm_inputs(hidden=12)
     dispatch.use_table(cpu_table("layer_norm", 16, "fwd_bwd", {"compiled": 1.0, "reference": 2.0}))
     monkeypatch.setenv("BLOOM_KERNELS", "reference")
-    assert type(kernels.layer_norm(x, w, b).grad_fn).__name__ == "NativeLayerNormBackward0"
+    assert type(bloom_kernels.layer_norm(x, w, b).grad_fn).__name__ == "NativeLayerNormBackward0"
     monkeypatch.delenv("BLOOM_KERNELS")
-    with kernels.kernel_path("reference"):
+    with bloom_kernels.kernel_path("reference"):
         assert dispatch.implementation_for("layer_norm", x, w, b) == "reference"
     q = torch.randn(1, 2, 9, 8, requires_grad=True)
     dispatch.use_table(cpu_table("attention", 16, "fwd_bwd", {"compiled": 0.1, "reference": 1.0}))
     monkeypatch.setenv("BLOOM_ATTENTION", "chunked")
-    assert type(kernels.attention(q, q, q, kernels.alibi_slopes(2)).grad_fn).__name__ == "_ChunkedAttentionBackward"
+    assert type(bloom_kernels.attention(q, q, q, bloom_kernels.alibi_slopes(2)).grad_fn).__name__ == "_ChunkedAttentionBackward"
 
 
 def test_the_committed_table_picks_the_fastest_measured_on_the_h200():
@@ -156,7 +156,7 @@ def _op_inputs(op: str):
         return (torch.randn(5, 12) * 3, torch.randn(12)), (0, 1)
     if op == "scale_mask_softmax":
         return (torch.randn(2, 9, 12) * 4, 0.3, torch.randn(2, 1, 12), True), (0,)
-    return (torch.randn(1, 2, 7, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8), kernels.alibi_slopes(2),
+    return (torch.randn(1, 2, 7, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8), bloom_kernels.alibi_slopes(2),
             True, None), (0, 1, 2)
 
 

@@ -1,26 +1,26 @@
 """Fused ops for the BLOOM trainer: a plain-torch reference for each, Triton kernels, one dispatch.
 
-    import kernels
-    kernels.layer_norm(x, weight, bias, eps)          x [..., h]; fp32 statistics, output x.dtype
-    kernels.bias_gelu(x, bias)                        tanh GeLU(x + bias), BLOOM's formula
-    kernels.scale_mask_softmax(scores, scale, alibi=None, causal=True)
-    kernels.attention(q, k, v, alibi_slopes, causal=True, softmax_scale=None)
-    kernels.alibi_slopes(num_heads)
-    kernels.set_kernel_path("auto"|"reference"|"triton"); kernels.current_path()
-    kernels.set_attention_impl("auto"|"materialized"|"chunked"|"triton"|"flex"|"sdpa"|"compiled")
+    import bloom_kernels
+    bloom_kernels.layer_norm(x, weight, bias, eps)          x [..., h]; fp32 statistics, output x.dtype
+    bloom_kernels.bias_gelu(x, bias)                        tanh GeLU(x + bias), BLOOM's formula
+    bloom_kernels.scale_mask_softmax(scores, scale, alibi=None, causal=True)
+    bloom_kernels.attention(q, k, v, alibi_slopes, causal=True, softmax_scale=None)
+    bloom_kernels.alibi_slopes(num_heads)
+    bloom_kernels.set_kernel_path("auto"|"reference"|"triton"); bloom_kernels.current_path()
+    bloom_kernels.set_attention_impl("auto"|"materialized"|"chunked"|"triton"|"flex"|"sdpa"|"compiled")
 
-Every op is autograd-capable on every path (FlexAttention: forward only on CPU). `kernels.dispatch`
-explains how an implementation is chosen (a measured table, kernels/dispatch_table.json).
-`import kernels` does not import triton (it is optional).
+Every op is autograd-capable on every path (FlexAttention: forward only on CPU). `bloom_kernels.dispatch`
+explains how an implementation is chosen (a measured table, bloom_kernels/dispatch_table.json).
+`import bloom_kernels` does not import triton (it is optional).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels import dispatch, implementations
-from kernels.alibi import alibi_slopes, alibi_slopes_for_rank
-from kernels.dispatch import (
+from bloom_kernels import dispatch, implementations
+from bloom_kernels.alibi import alibi_slopes, alibi_slopes_for_rank
+from bloom_kernels.dispatch import (
     current_attention_impl,
     current_path,
     kernel_path,

@@ -3,7 +3,7 @@
 Oracles: transformers' own BLOOM functions (`bloom_gelu_forward`, `bloom_gelu_back`,
 `build_alibi_tensor`, and BloomAttention's baddbmm + additive-mask + fp32 softmax recipe),
 torch's `F.layer_norm`, and the materialised reference attention for the chunked path.
-Tolerances: see kernels/testing.py (fp32 1e-5 relative, bf16 two ulps). The oracle comparisons
+Tolerances: see bloom_kernels/testing.py (fp32 1e-5 relative, bf16 two ulps). The oracle comparisons
 in fp32 are tight because the formulas are the same; where transformers computes in bf16 (BloomGelu,
 attention in bf16) we compare in fp32 only, since transformers rounds intermediates that our
 references keep in fp32 by design.
@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 from transformers.models.bloom import modeling_bloom
 
-from kernels.alibi import alibi_slopes, alibi_slopes_for_rank
-from kernels.attention.chunked import attention_chunked
-from kernels.attention.reference import attention_reference
-from kernels.bias_gelu.reference import bias_gelu_reference, gelu_tanh_grad_fp32
-from kernels.layer_norm.reference import layer_norm_reference
-from kernels.softmax.reference import scale_mask_softmax_reference
-from kernels.testing import assert_close
+from bloom_kernels.alibi import alibi_slopes, alibi_slopes_for_rank
+from bloom_kernels.attention.chunked import attention_chunked
+from bloom_kernels.attention.reference import attention_reference
+from bloom_kernels.bias_gelu.reference import bias_gelu_reference, gelu_tanh_grad_fp32
+from bloom_kernels.layer_norm.reference import layer_norm_reference
+from bloom_kernels.softmax.reference import scale_mask_softmax_reference
+from bloom_kernels.testing import assert_close
 
 DTYPES = [torch.float32, torch.bfloat16]
 

@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-from kernels import dispatch
-from kernels.dispatch_table import IMPLEMENTATIONS, load_table
+from bloom_kernels import dispatch
+from bloom_kernels.dispatch_table import IMPLEMENTATIONS, load_table
 from tests.conftest import REPO_ROOT
 
 
@@ -63,7 +63,7 @@ def test_cpu_smoke_runs_the_whole_script_and_the_dispatch_follows_its_table(tmp_
 def test_an_incorrect_candidate_is_never_timed_nor_chosen(monkeypatch):
     from bench import kernels_side_by_side as bench
     from bench.kernel_cases import CPU_SMOKE_CASES
-    from kernels import implementations
+    from bloom_kernels import implementations
 
     real = implementations.implementation
 

@@ -1,7 +1,7 @@
-"""The measured table that `kernels.dispatch` follows: per device, op, dtype, shape class and mode,
+"""The measured table that `bloom_kernels.dispatch` follows: per device, op, dtype, shape class and mode,
 each candidate implementation's time and whether it was correct; the fastest correct one runs.
 
-A row (one JSON object in `rows` of kernels/dispatch_table.json):
+A row (one JSON object in `rows` of bloom_kernels/dispatch_table.json):
     {"device": "NVIDIA H200",          torch.cuda.get_device_name(), or "cpu"
      "op": "layer_norm",               one of OPS
      "dtype": "bfloat16",              the input dtype (torch.<name>)

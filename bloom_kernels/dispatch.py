@@ -1,6 +1,6 @@
 """The one place that decides which implementation of a fused op runs.
 
-Implementations (kernels/implementations.py): reference (plain torch, the definition of every op;
+Implementations (bloom_kernels/implementations.py): reference (plain torch, the definition of every op;
 runs anywhere), triton (ours; compiled on CUDA tensors, interpreted on CPU tensors under
 TRITON_INTERPRET=1, which is how the tests run them), compiled (torch.compile of the reference),
 and for attention chunked (flash algorithm in torch), flex (FlexAttention) and sdpa (SDPA + bias).
@@ -11,13 +11,13 @@ Choice, highest priority first:
   2. the kernel path: env BLOOM_KERNELS (auto|reference|triton), so an operator can flip the path of
      an existing config without editing it, then set_kernel_path(...) (config `model.kernels`).
      reference or triton forces that implementation for every op;
-  3. auto: the measured table (kernels/dispatch_table.json, read once; kernels/dispatch_table.py
+  3. auto: the measured table (bloom_kernels/dispatch_table.json, read once; bloom_kernels/dispatch_table.py
      says what a row is): the fastest implementation not known to be incorrect that can run here,
      for this device, op, dtype, shape class and mode (fwd when autograd does not record the call,
      fwd_bwd when it does: training pays for both passes, eval only for the forward);
   4. fallback, when the table has no row for the device/shape or no timed candidate in it:
      triton on CUDA tensors when triton imports, reference otherwise (the choice before the table).
-Each distinct decision is logged once (logger "kernels"), with the times it came from.
+Each distinct decision is logged once (logger "bloom_kernels"), with the times it came from.
 
 TRITON_INTERPRET: triton decides compiled vs interpreted when a `@triton.jit` function is
 *defined*: triton.language's helpers when triton is first imported, ours when our kernel modules
@@ -43,9 +43,9 @@ from types import ModuleType
 
 import torch
 
-from kernels.dispatch_table import DEFAULT_TABLE, Row, Table, load_table, mode_of, size_class
+from bloom_kernels.dispatch_table import DEFAULT_TABLE, Row, Table, load_table, mode_of, size_class
 
-logger = logging.getLogger("kernels")
+logger = logging.getLogger("bloom_kernels")
 
 KERNEL_PATHS = ("auto", "reference", "triton")
 ATTENTION_IMPLS = ("auto", "materialized", "chunked", "triton", "flex", "sdpa", "compiled")
@@ -120,7 +120,7 @@ def current_path(device_type: str | None = None) -> str:
 
 
 def current_attention_impl(device_type: str | None = None) -> str:
-    """The attention knob for tensors of `device_type`; auto resolves to 'triton' (kernels.attention,
+    """The attention knob for tensors of `device_type`; auto resolves to 'triton' (bloom_kernels.attention,
     where the table then decides per shape) or 'materialized' (the model's s x s path) by the kernel path."""
     impl = _attention_knob()
     if impl != "auto":
@@ -217,7 +217,7 @@ def implementation_for(op: str, *tensors: torch.Tensor) -> str:
 
 
 def triton_ops(device_type: str) -> ModuleType:
-    """Import (once) and return `kernels.triton_ops`, arranging interpretation for CPU tensors."""
+    """Import (once) and return `bloom_kernels.triton_ops`, arranging interpretation for CPU tensors."""
     global _triton_ops
     if _triton_ops is None:
         if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -229,7 +229,7 @@ def triton_ops(device_type: str) -> ModuleType:
                 )
             logger.warning("kernels: triton on %s tensors: setting TRITON_INTERPRET=1 (slow)", device_type)
             os.environ["TRITON_INTERPRET"] = "1"
-        _triton_ops = importlib.import_module("kernels.triton_ops")
+        _triton_ops = importlib.import_module("bloom_kernels.triton_ops")
     if device_type != "cuda" and not _triton_ops.INTERPRETED:
         raise RuntimeError(
             "the Triton kernels were compiled for the GPU in this process, so they cannot run on "

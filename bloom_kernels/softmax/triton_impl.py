@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_common import INTERPRETED, next_pow2
-from kernels.softmax.reference import as_batched_3d
+from bloom_kernels._triton_common import INTERPRETED, next_pow2
+from bloom_kernels.softmax.reference import as_batched_3d
 
 
 @triton.jit

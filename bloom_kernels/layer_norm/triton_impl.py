@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_common import INTERPRETED, next_pow2, row_programs
+from bloom_kernels._triton_common import INTERPRETED, next_pow2, row_programs
 
 
 @triton.jit

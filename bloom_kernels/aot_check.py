@@ -1,7 +1,7 @@
 """Compile every Triton kernel for real GPU targets, without a GPU.
 
-    python -m kernels.aot_check            bf16 at BLOOM-176B sizes for sm_90 (~1 min on 2 cores)
-    python -m kernels.aot_check --full     also fp32, small sizes, head_dim 64, sm_80 (~10 min)
+    python -m bloom_kernels.aot_check            bf16 at BLOOM-176B sizes for sm_90 (~1 min on 2 cores)
+    python -m bloom_kernels.aot_check --full     also fp32, small sizes, head_dim 64, sm_80 (~10 min)
 
 The CPU tests run the kernels in Triton's interpreter, which does not type-check like the compiler
 does and ignores register/shared-memory limits. This compiles each kernel, with the launch
@@ -25,10 +25,10 @@ def _cases(full: bool):
     """(name, jit function, signature, constexprs, options) for each kernel and configuration."""
     import torch
 
-    from kernels.attention import triton_impl as attn
-    from kernels.bias_gelu import triton_impl as gelu
-    from kernels.layer_norm import triton_impl as ln
-    from kernels.softmax import triton_impl as smax
+    from bloom_kernels.attention import triton_impl as attn
+    from bloom_kernels.bias_gelu import triton_impl as gelu
+    from bloom_kernels.layer_norm import triton_impl as ln
+    from bloom_kernels.softmax import triton_impl as smax
 
     p = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}
     for dt in (torch.bfloat16, torch.float32) if full else (torch.bfloat16,):

@@ -2,7 +2,7 @@
 
 Sizes are BLOOM-like (hidden 14336 / TP 4 = 3584 for the MLP bias, head_dim 128, seq 2048).
 Tolerances:
-- LayerNorm, bias+GeLU, softmax: fp32 1e-5 relative, bf16 two ulps, as on CPU (kernels/testing.py):
+- LayerNorm, bias+GeLU, softmax: fp32 1e-5 relative, bf16 two ulps, as on CPU (bloom_kernels/testing.py):
   both sides compute in fp32 and round once.
 - attention: the kernel's matmuls take bf16 operands (tensor cores) and round P to bf16 before P@V,
   so it is not "fp32 then round once". The criterion is the one FlashAttention's own tests use: its
@@ -25,7 +25,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 @pytest.fixture(scope="module")
 def ops():
     pytest.importorskip("triton")
-    from kernels import dispatch
+    from bloom_kernels import dispatch
 
     mod = dispatch.triton_ops("cuda")
     if mod.INTERPRETED:
@@ -42,8 +42,8 @@ def _grads(fn, inputs, grad_out):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_layer_norm_gpu(ops, dtype):
-    from kernels.layer_norm.reference import layer_norm_reference
-    from kernels.testing import assert_close
+    from bloom_kernels.layer_norm.reference import layer_norm_reference
+    from bloom_kernels.testing import assert_close
 
     torch.manual_seed(0)
     x = (torch.randn(4096, 3584, device="cuda") * 2).to(dtype)
@@ -59,8 +59,8 @@ def test_layer_norm_gpu(ops, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_gelu_gpu(ops, dtype):
-    from kernels.bias_gelu.reference import bias_gelu_reference
-    from kernels.testing import assert_close
+    from bloom_kernels.bias_gelu.reference import bias_gelu_reference
+    from bloom_kernels.testing import assert_close
 
     torch.manual_seed(0)
     x = (torch.randn(4096, 3584, device="cuda") * 3).to(dtype)
@@ -76,8 +76,8 @@ def test_bias_gelu_gpu(ops, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("sq,sk", [(2048, 2048), (1, 5000), (777, 9000)])
 def test_scale_mask_softmax_gpu(ops, dtype, sq, sk):
-    from kernels.softmax.reference import scale_mask_softmax_reference
-    from kernels.testing import assert_close
+    from bloom_kernels.softmax.reference import scale_mask_softmax_reference
+    from bloom_kernels.testing import assert_close
 
     torch.manual_seed(0)
     scores = (torch.randn(8, sq, sk, device="cuda") * 4).to(dtype)
@@ -93,9 +93,9 @@ def test_scale_mask_softmax_gpu(ops, dtype, sq, sk):
 @pytest.mark.parametrize("shape", [(2, 8, 2048, 2048, 128), (1, 3, 1000, 1333, 64), (1, 1, 1, 1, 128),
                                    (2, 4, 555, 555, 80)], ids=str)
 def test_flash_attention_gpu(ops, dtype, shape):
-    from kernels.alibi import alibi_slopes
-    from kernels.attention.reference import attention_reference
-    from kernels.testing import assert_close, attention_bf16_bounds, max_error
+    from bloom_kernels.alibi import alibi_slopes
+    from bloom_kernels.attention.reference import attention_reference
+    from bloom_kernels.testing import assert_close, attention_bf16_bounds, max_error
 
     b, h, sq, sk, d = shape
     torch.manual_seed(0)
@@ -110,7 +110,7 @@ def test_flash_attention_gpu(ops, dtype, shape):
         for name, a, e in zip(("dq", "dk", "dv"), grads_t, grads_r, strict=True):
             assert_close(f"gpu attention {name} {shape} fp32", a, e, dtype, 1e-4)
         return
-    # FlashAttention's criterion against an fp32 computation (kernels.testing.attention_bf16_bounds)
+    # FlashAttention's criterion against an fp32 computation (bloom_kernels.testing.attention_bf16_bounds)
     bounds = attention_bf16_bounds(q, k, v, g, slopes)
     for name, actual in zip(("out", "dq", "dk", "dv"), [out_t, *grads_t], strict=True):
         gold, bound = bounds[name]
@@ -121,7 +121,7 @@ def test_flash_attention_gpu(ops, dtype, shape):
 
 def test_flash_attention_memory_is_linear(ops):
     """Peak extra CUDA memory of forward + backward grows linearly with the sequence length."""
-    from kernels.alibi import alibi_slopes
+    from bloom_kernels.alibi import alibi_slopes
 
     peaks = []
     for s in (4096, 8192, 16384):

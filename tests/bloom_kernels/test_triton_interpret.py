@@ -1,17 +1,17 @@
 """Every Triton kernel, run on CPU tensors under TRITON_INTERPRET=1, against its reference.
 
-How the interpreter gets switched on: `kernels.dispatch.triton_ops("cpu")` sets TRITON_INTERPRET=1
+How the interpreter gets switched on: `bloom_kernels.dispatch.triton_ops("cpu")` sets TRITON_INTERPRET=1
 before it first imports the kernel modules (triton decides compiled vs interpreted when a
 @triton.jit function is defined, not when triton is imported). On a machine with a GPU the kernels
-may already be compiled in this pytest process (tests/kernels/test_gpu.py); then these tests skip:
-run them alone with `TRITON_INTERPRET=1 pytest tests/kernels/test_triton_interpret.py`.
+may already be compiled in this pytest process (tests/bloom_kernels/test_gpu.py); then these tests skip:
+run them alone with `TRITON_INTERPRET=1 pytest tests/bloom_kernels/test_triton_interpret.py`.
 
 Sizes are small on purpose (the interpreter runs each program in numpy) but odd: dimensions that are
 not multiples of the interpreter tiles (16 x 32 for bias+GeLU, 32-key blocks for the softmax,
 16 x 16 for attention), sequence length 1, one head, sq != sk, head_dim that is not a power of two.
-fp32 and bf16 inputs; outputs and all gradients. Tolerances: kernels/testing.py (fp32: 1e-5
+fp32 and bf16 inputs; outputs and all gradients. Tolerances: bloom_kernels/testing.py (fp32: 1e-5
 relative; bf16: two ulps), except bf16 attention gradients (four ulps, see ATTENTION_BF16_GRAD_RTOL). Under the interpreter the attention matmuls take fp32 operands (bf16
-`tl.dot` is broken there, see kernels/_triton_common.py), so bf16 here checks bf16 loads/stores
+`tl.dot` is broken there, see bloom_kernels/_triton_common.py), so bf16 here checks bf16 loads/stores
 and the algorithm; bf16 tensor-core matmuls are checked by the GPU tests.
 """
 
@@ -26,13 +26,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import dispatch  # noqa: E402
-from kernels.alibi import alibi_slopes  # noqa: E402
-from kernels.attention.reference import attention_reference  # noqa: E402
-from kernels.bias_gelu.reference import bias_gelu_reference  # noqa: E402
-from kernels.layer_norm.reference import layer_norm_reference  # noqa: E402
-from kernels.softmax.reference import scale_mask_softmax_reference  # noqa: E402
-from kernels.testing import assert_close  # noqa: E402
+from bloom_kernels import dispatch  # noqa: E402
+from bloom_kernels.alibi import alibi_slopes  # noqa: E402
+from bloom_kernels.attention.reference import attention_reference  # noqa: E402
+from bloom_kernels.bias_gelu.reference import bias_gelu_reference  # noqa: E402
+from bloom_kernels.layer_norm.reference import layer_norm_reference  # noqa: E402
+from bloom_kernels.softmax.reference import scale_mask_softmax_reference  # noqa: E402
+from bloom_kernels.testing import assert_close  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -175,16 +175,16 @@ def test_flash_attention(ops, case, dtype):
 
 def test_public_api_uses_triton_when_forced(ops):
     """kernels.* with the path forced to triton run the kernels (not the reference) on CPU."""
-    import kernels
+    import bloom_kernels
 
     x = torch.randn(4, 40, requires_grad=True)
-    with kernels.kernel_path("triton"):
-        assert kernels.current_path("cpu") == "triton"
-        assert kernels.current_attention_impl("cpu") == "triton"
-        y = kernels.bias_gelu(x, torch.zeros(40))
+    with bloom_kernels.kernel_path("triton"):
+        assert bloom_kernels.current_path("cpu") == "triton"
+        assert bloom_kernels.current_attention_impl("cpu") == "triton"
+        y = bloom_kernels.bias_gelu(x, torch.zeros(40))
         q = torch.randn(1, 2, 5, 16, requires_grad=True)
-        out = kernels.attention(q, q, q, kernels.alibi_slopes(2))
+        out = bloom_kernels.attention(q, q, q, bloom_kernels.alibi_slopes(2))
     assert type(y.grad_fn).__name__ == "BiasGeluTritonBackward"
     assert type(out.grad_fn).__name__ == "FlashAttentionTritonBackward"
     assert_close("public bias_gelu (triton)", y, bias_gelu_reference(x, torch.zeros(40)))
-    assert_close("public attention (triton)", out, attention_reference(q, q, q, kernels.alibi_slopes(2)))
+    assert_close("public attention (triton)", out, attention_reference(q, q, q, bloom_kernels.alibi_slopes(2)))

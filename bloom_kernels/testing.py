@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from kernels.dispatch import kernel_path
+from bloom_kernels.dispatch import kernel_path
 
 RTOL = {torch.float32: 1e-5, torch.bfloat16: 2.0 ** -6, torch.float16: 2.0 ** -9}
 
@@ -60,7 +60,7 @@ def assert_close(name: str, actual: torch.Tensor, expected: torch.Tensor, dtype:
 def attention_bf16_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor,
                          causal: bool = True) -> torch.Tensor:
     """transformers' recipe in bf16: bf16 matmuls, fp32 softmax, probs rounded to bf16."""
-    from kernels.attention.reference import alibi_relative_bias
+    from bloom_kernels.attention.reference import alibi_relative_bias
 
     sq, sk = q.shape[2], k.shape[2]
     s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[3])
@@ -84,7 +84,7 @@ def attention_bf16_bounds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     and bf16 torch is exact too, that is all the error there is (~4e-5 at d=128 against ~0.1 for a
     real bug; measured on an H200: 5.1e-7).
     """
-    from kernels.attention.reference import attention_reference
+    from bloom_kernels.attention.reference import attention_reference
 
     def fwd_bwd(fn, dtype):
         leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
