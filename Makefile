@@ -1,26 +1,43 @@
 # The two commands of the README: `make demo` and `make test`. Each sets itself up on a fresh
-# Debian machine (as root): a .venv with the CPU build of torch 2.13.0, DeepSpeed, Triton, the dev
-# tools, the shipped corpus' index files; the tests and the demo bring up their own local SLURM.
+# Debian machine (as root): a .venv with exactly the versions of requirements/lock.txt (the CPU
+# build of torch 2.13.0, DeepSpeed, Triton, the dev tools), the shipped corpus' index files; the
+# tests and the demo bring up their own local SLURM.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# CPU build for this machine; GPU clusters bring their own torch.
+LOCK := requirements/lock.txt
+# CPU build for this machine; GPU clusters bring their own torch. `make lock` resolves with it.
 TORCH_PIN := torch==2.13.0
 export DS_ACCELERATOR ?= cpu
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test lint install data tools clean bench-cpu gpu-check
+.PHONY: demo test lint install lock data tools clean bench-cpu gpu-check
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml
+# Exactly the lock, nothing resolved here (--no-deps), then our own package; `pip check` fails the
+# install if the lock misses a requirement (setup.cfg gained one: run `make lock`).
+$(STAMP): setup.cfg pyproject.toml $(LOCK)
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (python3 >= 3.10)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_PIN)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[train,kernels,dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r $(LOCK)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(PY) -m pip check --disable-pip-version-check
 	touch $(STAMP)
+
+# A deliberate upgrade: the newest versions setup.cfg allows, resolved in a throwaway venv and
+# written to the lock. Then `make clean test`, and commit the lock with what the suite needed.
+lock:
+	rm -rf .lock-venv
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet --disable-pip-version-check $(TORCH_PIN)
+	.lock-venv/bin/python -m pip install --quiet --disable-pip-version-check '.[train,kernels,dev]'
+	{ sed -n '/^#/p' $(LOCK); .lock-venv/bin/python -m pip freeze --disable-pip-version-check \
+	    --exclude bloomctl | sed -E 's/^torch==([0-9.]+)\+cpu$$/torch==\1/'; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf .lock-venv build bloomctl.egg-info
 
 data: $(STAMP)
 	$(PY) -m trainer.data.prepare_corpus --out data/corpus
@@ -55,4 +72,4 @@ gpu-check: $(STAMP) data
 	$(PY) bench/gpu_check.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .lock-venv
