@@ -34,8 +34,8 @@ lock:
 	$(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install --quiet --disable-pip-version-check $(TORCH_PIN)
 	.lock-venv/bin/python -m pip install --quiet --disable-pip-version-check '.[train,kernels,dev]'
-	{ sed -n '/^#/p' $(LOCK); .lock-venv/bin/python -m pip freeze --disable-pip-version-check \
-	    --exclude bloomctl | sed -E 's/^torch==([0-9.]+)\+cpu$$/torch==\1/'; } > $(LOCK).new
+	{ sed -n '/^#/p' $(LOCK); .lock-venv/bin/python -m pip freeze --all --disable-pip-version-check \
+	    --exclude bloomctl --exclude pip | sed -E 's/^torch==([0-9.]+)\+cpu$$/torch==\1/'; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK)
 	rm -rf .lock-venv build bloomctl.egg-info
 

@@ -144,7 +144,8 @@ class AuxJobFailed(RunctlError):
 def _checked_parameters(cfg, kind: str, folder: Path, time_minutes: int) -> tuple[dict[str, Any], list[str]]:
     """(submitit SlurmExecutor parameters, setup lines), every value through the training
     script's filters. Raises ConfigError naming the value that would not be safe in the script."""
-    from orchestrator.slurm.render import env_name, sbatch_value, shquote  # noqa: PLC0415
+    from orchestrator.config.site_options import step_options  # noqa: PLC0415
+    from orchestrator.slurm.render import env_name, sbatch_option_value, sbatch_value, shquote  # noqa: PLC0415
 
     c = cfg.cluster
     sbatch_value(folder)  # on the --output/--error lines and srun's arguments
@@ -164,9 +165,16 @@ def _checked_parameters(cfg, kind: str, folder: Path, time_minutes: int) -> tupl
         params["gpus_per_node"] = 1
     if kind == "sdc-check" and c.accelerator == "cuda":  # the replay's ranks, one GPU each, on one node
         params["gpus_per_node"] = int(cfg.world_size)
-    extra = {sbatch_value(key): sbatch_value(value) for key, value in sorted(c.extra_sbatch.items())}
+    extra = {
+        sbatch_value(key): True if value is True else sbatch_option_value(value)
+        for key, value in sorted(c.extra_sbatch.items())
+    }
     if extra:
         params["additional_parameters"] = extra
+    # The container and the site's srun options: submitit runs the job's command through srun.
+    srun_args = step_options(c.srun_args, cfg.container)
+    if srun_args:
+        params["srun_args"] = srun_args
     setup = [f"umask {PRIVATE_UMASK:03o}"]  # first: nothing the job writes is open to others
     setup += [f"export {env_name(name)}={shquote(value)}" for name, value in sorted(c.env.items())]
     return params, setup

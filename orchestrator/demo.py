@@ -67,7 +67,7 @@ def prepare(args, run_dir: Path):
     # On the real local cluster the job also holds its fifth node as a spare (the fast recovery
     # path); the mocked SLURM runs the plain job script only (its srun shim has no steps).
     spares = 0 if args.mock_in_use else 1
-    cluster = cfg.cluster.model_copy(update={"python": sys.executable, "spare_nodes": spares})
+    cluster = cfg.cluster.model_copy(update={"spare_nodes": spares})
     cfg = cfg.model_copy(update={"cluster": cluster})
     if args.dataset:
         data = cfg.data.model_copy(

@@ -49,6 +49,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from orchestrator.config import RunConfig
+from orchestrator.config.slurm_time import slurm_time_seconds
 from orchestrator.time_budget import checkpoint_interval_seconds, time_budget_problems
 
 GIB = 1024**3
@@ -316,10 +317,7 @@ def run_goodput(
 
 # ----------------------------------------------------------------------------- failures and spares
 def time_limit_hours(time_limit: str) -> float:
-    """SLURM's `[days-]hours:minutes:seconds` (the only form the config accepts) in hours."""
-    days, _, clock = time_limit.rpartition("-")
-    hours, minutes, seconds = (int(part) for part in clock.split(":"))
-    return (int(days) if days else 0) * 24 + hours + minutes / 60 + seconds / 3600
+    return slurm_time_seconds(time_limit) / 3600
 
 
 def poisson_at_least(mean: float, k: int) -> float:

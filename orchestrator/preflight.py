@@ -11,8 +11,9 @@ the config-error code when it is gone (trainer/loop.py build_datasets): one stop
 - data.datasets: <path>.bin and <path>.idx are readable files (a misspelt path once crashed
   every restart: FileNotFoundError is a failure, and failures restart and exclude nodes);
 - data.tokenizer: readable;
-- cluster.python: an absolute path is an executable file; a bare name is found on PATH here
-  (else a warning: the compute nodes may load it with a module);
+- cluster.python (cluster.launcher_python with a container): an absolute path is an executable
+  file; a bare name is found on PATH here (else a warning: the compute nodes may load it with a
+  module);
 - operators.group: exists (else on-call cannot kill the run); the owner is a member (else the
   controller cannot give control/ to it);
 - disk: the checkpoint folder's filesystem holds keep_last + 1 checkpoints of the planner's size
@@ -87,22 +88,24 @@ def data_checks(cfg: Any) -> list[Check]:
 
 
 def python_checks(cfg: Any) -> list[Check]:
-    python = cfg.cluster.python
+    """The interpreter the nodes start outside any container: cluster.python, or with a
+    `container:` cluster.launcher_python (cluster.python is then inside the image: the probe job
+    is what can check it)."""
+    key = "cluster.launcher_python" if cfg.container is not None else "cluster.python"
+    python = cfg.cluster.launcher_python if cfg.container is not None else cfg.cluster.python
     if "/" in python:
         path = Path(python)
         if not path.is_file():
             return [Check("error", (
-                f"cluster.python = {python}: not found. Give the interpreter of the venv that has the trainer "
+                f"{key} = {python}: not found. Give the interpreter of the venv that has bloomctl "
                 "installed (e.g. /gpfs/venvs/bloom/bin/python)"
             ))]  # fmt: skip
         if not os.access(path, os.X_OK):
-            return [
-                Check("error", f"cluster.python = {python}: not executable by you. Fix its mode (chmod +x)")
-            ]
+            return [Check("error", f"{key} = {python}: not executable by you. Fix its mode (chmod +x)")]
         return []
     if shutil.which(python) is None:
         return [Check("warning", (
-            f"cluster.python = {python}: not on PATH here; the job finds it only if the compute nodes have it "
+            f"{key} = {python}: not on PATH here; the job finds it only if the compute nodes have it "
             "on PATH. Prefer an absolute path to the venv's python"
         ))]  # fmt: skip
     return []

@@ -31,15 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def slurm_time(seconds: float) -> str:
-    """Seconds as SLURM's [days-]hours:minutes:seconds, rounded up (for a suggested time_limit)."""
-    total = int(-(-seconds // 1))
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{clock}" if days else clock
+from orchestrator.config.slurm_time import slurm_time
 
 
 def _h(seconds: float) -> str:

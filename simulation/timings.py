@@ -30,6 +30,7 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from orchestrator.config.slurm_time import slurm_time_seconds
 from orchestrator.planner import plan_run
 
 
@@ -103,15 +104,5 @@ class Timings:
 
 
 def parse_time_limit(text: str | None) -> float:
-    """SLURM's `[days-]hours:minutes:seconds` (or minutes) in seconds; none: effectively forever."""
-    if not text:
-        return math.inf
-    days, _, rest = str(text).rpartition("-")
-    parts = [float(p) for p in rest.split(":")]
-    if len(parts) == 1:
-        seconds = parts[0] * 60
-    else:
-        while len(parts) < 3:
-            parts.insert(0, 0.0)
-        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
-    return seconds + (float(days) * 86400 if days else 0.0)
+    """A SLURM time value in seconds; none: effectively forever."""
+    return float(slurm_time_seconds(text)) if text else math.inf

@@ -6,6 +6,7 @@ config that would fail in the trainer fails on the login node first.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -135,9 +136,11 @@ def load_config(path: str | Path) -> RunConfig:
 
 
 def resolve_paths(cfg: RunConfig, base_dir: Path) -> RunConfig:
+    # Absolute, but symlinks are kept: a venv's bin/python is a symlink to the base interpreter,
+    # and only the link's own path makes Python find the venv's packages (pyvenv.cfg beside it).
     def absolute(value: str) -> str:
         candidate = Path(value).expanduser()
-        return str(candidate if candidate.is_absolute() else (base_dir / candidate).resolve())
+        return os.path.normpath(candidate if candidate.is_absolute() else base_dir / candidate)
 
     datasets = [d.model_copy(update={"path": absolute(d.path)}) for d in cfg.data.datasets]
     data = cfg.data.model_copy(update={"datasets": datasets, "tokenizer": absolute(cfg.data.tokenizer)})

@@ -25,6 +25,12 @@ def cross_field_problems(cfg: RunConfig) -> list[str]:
     tp, pp, dp = p.tp, p.pp, cfg.dp
 
     gpus_desc = f"the job has {c.nodes} nodes x {c.gpus_per_node} GPUs = {c.gpus}"
+    if cfg.container is not None and c.launcher_python is None:
+        problems.append(
+            "container.image is set, so cluster.python runs inside the image; set cluster.launcher_python "
+            "to an interpreter on the nodes themselves with bloomctl installed (the job launcher runs "
+            "outside the container), e.g. the login node's venv on the shared filesystem"
+        )
     if p.dp is None and c.gpus % (tp * pp) != 0:
         problems.append(
             f"parallel.dp is derived as GPUs/(tp*pp) = {c.gpus}/({tp}*{pp}), which is not whole: "

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
+
+from .section import Section
+from .site_options import SBATCH_OWNED, SRUN_OWNED, ContainerConfig, SbatchOptions, SrunOptions, refuse_owned
+from .slurm_time import SlurmTimeError, normalise_slurm_time
 
 # Values that end up on #SBATCH lines or in `export` lines of a shell script. They are also
 # quoted when rendered; the pattern makes a hostile value an error before any rendering.
 SAFE_WORD = r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$"
 SAFE_PATH = r"^[A-Za-z0-9_./+\-~][A-Za-z0-9_./+\-=:@]*$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-SLURM_TIME = r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$"
 SLURM_NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_\-]*(\[[0-9,\-]+\])?$"
 
 SafeWord = Annotated[str, StringConstraints(pattern=SAFE_WORD, max_length=128)]
@@ -34,14 +37,6 @@ Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 # runs `squeue --json` over the whole cluster).
 Seconds = Annotated[float, Field(ge=0.1)]
 TimeoutSeconds = Annotated[float, Field(ge=1.0)]
-
-
-class Section(BaseModel):
-    """Unknown keys are errors: a typo must not silently fall back to a default on 384 GPUs.
-    Every float is finite (`.inf` would pass `gt=0` and turn a timeout or a checkpoint interval
-    into "never")."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 # One word of a command line (no control characters: no newline can end it early).
@@ -61,18 +56,25 @@ class ClusterConfig(Section):
     partition: SafeWord | None = None
     account: SafeWord | None = None
     qos: SafeWord | None = None
-    time_limit: Annotated[str, StringConstraints(pattern=SLURM_TIME)] = "100:00:00"
+    # Any SLURM form (90, 4-04:00, 100:00:00, ...), kept as HH:MM:SS (config/slurm_time.py).
+    time_limit: str = "100:00:00"
     exclusive: bool = True
     cpus_per_task: PositiveInt = 8
     hint: Literal["nomultithread", "multithread", "compute_bound", "memory_bound"] | None = "nomultithread"
     # Sent by SLURM this many seconds before the time limit; the trainer saves and exits on it.
     pre_timeout_signal: Literal["USR1", "USR2", "TERM"] = "USR1"
     pre_timeout_seconds: Annotated[int, Field(ge=0, le=86400)] = 600
-    # Extra `#SBATCH` options as key -> value, e.g. {constraint: a100, reservation: bloom}.
-    extra_sbatch: dict[Annotated[str, StringConstraints(pattern=r"^[a-z][a-z\-]*$")], SafeWord] = {}
+    # Extra `#SBATCH` options as key -> value, e.g. {constraint: "a100&ib", mail-type: "END,FAIL",
+    # requeue: true}; and extra srun options on every step of the job (config/site_options.py).
+    extra_sbatch: SbatchOptions = {}
+    srun_args: SrunOptions = {}
     env: dict[Annotated[str, StringConstraints(pattern=ENV_NAME)], str] = {}
-    # The interpreter that runs `-m trainer` on the compute nodes (a venv's python, usually).
+    # The interpreter that runs `-m trainer` on the compute nodes (a venv's python, usually; inside
+    # the image with a `container:`). A venv's bin/python is used as written, never resolved.
     python: SafePath = "python3"
+    # The interpreter that runs the job launcher on the batch node, outside any container (it needs
+    # only the orchestrator). Default: `python`. Required with a `container:`.
+    launcher_python: SafePath | None = None
     # Failures per GPU-hour drive the checkpoint-interval optimisation (BLOOM: 1-2 a week on 384 GPUs).
     gpu_mtbf_hours: PositiveFloat = 50000.0
     # Nodes allocated beside `nodes` and kept idle: a failed node is replaced by one inside the
@@ -85,6 +87,24 @@ class ClusterConfig(Section):
     setup: Annotated[
         list[Annotated[list[ArgvItem], Field(min_length=1, max_length=64)]], Field(max_length=32)
     ] = []
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        try:
+            return normalise_slurm_time(value)
+        except SlurmTimeError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("extra_sbatch")
+    @classmethod
+    def _sbatch_options_not_owned(cls, options: dict) -> dict:
+        return refuse_owned(options, SBATCH_OWNED, "cluster.extra_sbatch")
+
+    @field_validator("srun_args")
+    @classmethod
+    def _srun_options_not_owned(cls, options: dict) -> dict:
+        return refuse_owned(options, SRUN_OWNED, "cluster.srun_args")
 
     @field_validator("env")
     @classmethod
@@ -504,6 +524,8 @@ class RunConfig(Section):
     notifications: NotificationsConfig = NotificationsConfig()
     health_check: HealthCheckConfig = HealthCheckConfig()
     health: HealthConfig = HealthConfig()
+    # pyxis/enroot: every srun step of the job runs in this image (config/site_options.py).
+    container: ContainerConfig | None = None
 
     # Derived quantities: computed here once so that no caller re-derives them differently.
     @property

@@ -1,7 +1,8 @@
 """`python -m orchestrator.launcher`: every job script's program (see the package docstring).
 
     python -m orchestrator.launcher --run-dir R --nodes N --tasks-per-node G --cpus-per-task C
-        --srun-wait W --decision-seconds D [--health --health-seconds H] [--no-label] -- <trainer command>
+        --srun-wait W --decision-seconds D [--health --health-seconds H] [--no-label]
+        [--srun-option=--OPTION[=VALUE] ...] -- <trainer command>
 
 Exit code: the trainer's (0 finished, 17 killed, 18 time budget, 19 config error, else a failure;
 srun's report decides which task's code it is: contract.job_end), or 20 when fewer than N nodes
@@ -37,13 +38,20 @@ def parse_args(argv: list[str]) -> JobPlan:
     parser.add_argument("--health", action="store_true")
     parser.add_argument("--health-seconds", type=float, default=300.0)
     parser.add_argument("--no-label", action="store_true", help="no srun --label on the ranks' output")
+    parser.add_argument(
+        "--srun-option", action="append", default=[], help="added to every srun step (container, site)"
+    )
     args = parser.parse_args(argv[:cut])
     command = argv[cut + 1 :]
     if not command:
         raise SystemExit("orchestrator.launcher: no trainer command after `--`")
+    bad = [word for word in args.srun_option if not word.startswith("--")]
+    if bad:
+        raise SystemExit(f"orchestrator.launcher: --srun-option takes a long srun option, got {bad}")
     layout = Layout(
-        args.nodes, args.tasks_per_node, args.cpus_per_task, args.srun_wait, label=not args.no_label
-    )
+        args.nodes, args.tasks_per_node, args.cpus_per_task, args.srun_wait, label=not args.no_label,
+        site_options=tuple(args.srun_option),
+    )  # fmt: skip
     return JobPlan(
         Path(args.run_dir), layout, command, args.decision_seconds, args.health, args.health_seconds
     )

@@ -153,7 +153,7 @@ class Launcher:
         for stale in results.glob("*.json") if results.is_dir() else []:
             stale.unlink()  # a requeued job (same id) must not read its last run's results
         python = self.plan.command[0]
-        argv = health_argv(nodes, python, str(self.paths.root), str(self.job_dir))
+        argv = health_argv(self.plan.layout, nodes, python, str(self.paths.root), str(self.job_dir))
         started = time.monotonic()
         proc = subprocess.Popen(argv, env=self._step_env({}))
         try:

@@ -35,6 +35,8 @@ class Layout:
     cpus_per_task: int
     srun_wait: int  # once one rank exited, the others get this long to follow
     label: bool = True  # srun --label: every output line starts with its task (rank) number
+    # The site's options on every step (container, cluster.srun_args): argv words, never shell text.
+    site_options: tuple[str, ...] = ()
 
 
 def launch_argv(layout: Layout, launch: int, nodes: Sequence[str], command: Sequence[str]) -> list[str]:
@@ -47,7 +49,7 @@ def launch_argv(layout: Layout, launch: int, nodes: Sequence[str], command: Sequ
     ]  # fmt: skip
     if layout.label:
         argv.append("--label")
-    return [*argv, *command]
+    return [*argv, *layout.site_options, *command]
 
 
 def standby_argv(
@@ -63,14 +65,14 @@ def standby_argv(
     ]  # fmt: skip
     if layout.label:
         argv.append("--label")
-    return [*argv, python, "-m", "trainer.standby", "--go", go_file, "--", *command]
+    return [*argv, *layout.site_options, python, "-m", "trainer.standby", "--go", go_file, "--", *command]
 
 
-def health_argv(nodes: Sequence[str], python: str, run_dir: str, job_dir: str) -> list[str]:
+def health_argv(layout: Layout, nodes: Sequence[str], python: str, run_dir: str, job_dir: str) -> list[str]:
     """trainer.health on every allocated node at once, one task each; a failing node does not end
     the step (--kill-on-bad-exit=0): each writes its own result."""
     return [
         "srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
         f"--nodelist={','.join(nodes)}", "--kill-on-bad-exit=0", "--job-name=health-check",
-        python, "-m", "trainer.health", "--run-dir", run_dir, "--job-dir", job_dir,
+        *layout.site_options, python, "-m", "trainer.health", "--run-dir", run_dir, "--job-dir", job_dir,
     ]  # fmt: skip

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.slurm_time import slurm_time_seconds
 from orchestrator.contract import append_jsonl, atomic_write_json, read_json, read_jsonl
 from orchestrator.errors import SchedulerError
 
@@ -45,21 +46,10 @@ def default_mock_dir() -> Path:
 
 
 def parse_time_limit(text: str | None) -> float | None:
-    """SLURM --time ([D-]HH:MM:SS, MM:SS, MM) to seconds; None for none/unlimited."""
+    """SLURM --time in any of its forms to seconds; None for none/unlimited."""
     if not text or text.upper() in {"UNLIMITED", "INFINITE"}:
         return None
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
-    parts = [int(p) for p in text.split(":")]
-    if len(parts) == 1:
-        seconds = parts[0] * 60
-    elif len(parts) == 2:
-        seconds = parts[0] * 60 + parts[1]
-    else:
-        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
-    return float(days * 86400 + seconds)
+    return float(slurm_time_seconds(text))
 
 
 def parse_sbatch_args(argv: list[str], script_text: str = "") -> dict[str, str]:

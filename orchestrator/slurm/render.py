@@ -26,6 +26,7 @@ import jinja2
 
 from orchestrator.config import ConfigError, RunConfig
 from orchestrator.config.schema import ENV_NAME, SAFE_WORD, SLURM_NODE_NAME
+from orchestrator.config.site_options import SBATCH_OPTION_VALUE, step_options
 from orchestrator.contract import RunPaths
 from orchestrator.launcher.srun_lines import Layout, health_argv, launch_argv, standby_argv
 from orchestrator.textsafe import for_terminal
@@ -68,6 +69,15 @@ def sbatch_value(value: object) -> str:
     return text
 
 
+def sbatch_option_value(value: object) -> str:
+    """A site's #SBATCH option value (`END,FAIL`, `a100&ib`): no control character, blank, quote
+    or backslash, which would end the line or change how sbatch splits it."""
+    text = str(value)
+    if not re.fullmatch(SBATCH_OPTION_VALUE, text):
+        raise _fail("#SBATCH option value", text, "no control character, blank, quote or backslash")
+    return text
+
+
 def shquote(value: object) -> str:
     text = str(value)
     if "\x00" in text:
@@ -96,7 +106,11 @@ def _environment() -> jinja2.Environment:
         keep_trailing_newline=True,
     )
     env.filters.update(
-        sbatch_value=sbatch_value, shquote=shquote, env_name=env_name, comment_line=comment_line
+        sbatch_value=sbatch_value,
+        sbatch_option_value=sbatch_option_value,
+        shquote=shquote,
+        env_name=env_name,
+        comment_line=comment_line,
     )
     return env
 
@@ -179,7 +193,10 @@ def trainer_argv(cfg: RunConfig, run_dir: str) -> list[str]:
 
 def _layout(cfg: RunConfig) -> Layout:
     c = cfg.cluster
-    return Layout(c.nodes, c.gpus_per_node, c.cpus_per_task, SRUN_WAIT_SECONDS)
+    return Layout(
+        c.nodes, c.gpus_per_node, c.cpus_per_task, SRUN_WAIT_SECONDS,
+        site_options=tuple(step_options(c.srun_args, cfg.container)),
+    )  # fmt: skip
 
 
 def _health(cfg: RunConfig) -> bool:
@@ -193,13 +210,14 @@ def launcher_argv(cfg: RunConfig, run_dir: str, command: Sequence[str]) -> list[
     layout = _layout(cfg)
     decision = int(cfg.watchdog.relaunch_decision_seconds) if cfg.cluster.spare_nodes else 0
     argv = [
-        cfg.cluster.python, "-m", "orchestrator.launcher", "--run-dir", run_dir,
+        cfg.cluster.launcher_python or cfg.cluster.python, "-m", "orchestrator.launcher", "--run-dir", run_dir,
         "--nodes", str(layout.nodes), "--tasks-per-node", str(layout.tasks_per_node),
         "--cpus-per-task", str(layout.cpus_per_task), "--srun-wait", str(layout.srun_wait),
         "--decision-seconds", str(decision),
     ]  # fmt: skip
     if _health(cfg):
         argv += ["--health", "--health-seconds", str(int(cfg.health_check.timeout_seconds))]
+    argv += [f"--srun-option={word}" for word in layout.site_options]
     return [*argv, "--", *command]
 
 
@@ -215,7 +233,7 @@ def srun_preview(cfg: RunConfig, run_dir: str, command: Sequence[str]) -> list[s
     job_dir = str(RunPaths.of(run_dir).job_dir("<job id>"))
     lines = []
     if _health(cfg):
-        lines.append(_with_nodes(health_argv(["?"] * total, python, run_dir, job_dir), allocated))
+        lines.append(_with_nodes(health_argv(layout, ["?"] * total, python, run_dir, job_dir), allocated))
     lines.append(_with_nodes(launch_argv(layout, 0, ["?"] * c.nodes, command), chosen))
     if c.spare_nodes and command[1:3] == ["-m", "trainer"]:
         go = str(RunPaths.of(run_dir).standby_go("<job id>", 1))
