@@ -9,13 +9,12 @@ Lines without a label (the batch script's own, srun's errors) belong to no rank 
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from pathlib import Path
 
+from orchestrator.contract.rank_output import rank_lines
 from orchestrator.errors import EXIT_OK, UsageError
 
-LABEL = re.compile(r"^ *(\d+): ?(.*)$")
 FOLLOW_POLL_SECONDS = 1.0
 
 
@@ -33,16 +32,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     logs.add_argument("--job", metavar="ID", help="the job (default: the newest job of the run)")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
     logs.set_defaults(func=run_logs)
-
-
-def rank_lines(text: str, rank: int) -> list[str]:
-    """The lines labelled `rank` in srun --label output, without the label."""
-    out = []
-    for line in text.splitlines():
-        match = LABEL.match(line)
-        if match and int(match.group(1)) == rank:
-            out.append(match.group(2))
-    return out
 
 
 def job_outputs(jobs_dir: Path) -> dict[str, Path]:

@@ -42,6 +42,10 @@ class Failure(Event):
     host: str | None = None
     launch: int | None = None
     nodes: list[str] = field(default_factory=list)
+    # What the failing rank itself printed last (rank_output.RankError): `rank 3: ValueError: ...`
+    # and its traceback, made inert.
+    rank_error: str | None = None
+    rank_error_lines: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)

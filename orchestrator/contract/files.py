@@ -278,14 +278,8 @@ def read_upto(fd: int, limit: int, first: int = READ_CHUNK) -> bytes:
     return b"".join(parts)
 
 
-def read_untrusted(
-    path: Path, max_bytes: int = 64 * 1024, *, dir_fd: int | None = None
-) -> tuple[bytes, os.stat_result]:
-    """Read a file someone else may control, safely: never follows a symlink (O_NOFOLLOW), never
-    blocks on a FIFO or device (O_NONBLOCK), accepts only a regular file of at most `max_bytes`.
-    Returns the bytes and the fstat of the opened file (its st_uid is who wrote it).
-    Raises FileNotFoundError when it is gone, UntrustedFileError for anything else that is wrong."""
-    path = Path(path)
+def _open_untrusted(path: Path, dir_fd: int | None) -> tuple[int, os.stat_result]:
+    """An fd on a regular file, opened without following a symlink or blocking on a FIFO."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
     try:
         fd = os.open(path, flags, dir_fd=dir_fd)
@@ -295,10 +289,23 @@ def read_untrusted(
         if exc.errno == errno.ELOOP:
             raise UntrustedFileError(path, "is a symbolic link") from None
         raise UntrustedFileError(path, f"cannot be opened: {exc.strerror}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise UntrustedFileError(path, "is not a regular file")
+    return fd, info
+
+
+def read_untrusted(
+    path: Path, max_bytes: int = 64 * 1024, *, dir_fd: int | None = None
+) -> tuple[bytes, os.stat_result]:
+    """Read a file someone else may control, safely: never follows a symlink (O_NOFOLLOW), never
+    blocks on a FIFO or device (O_NONBLOCK), accepts only a regular file of at most `max_bytes`.
+    Returns the bytes and the fstat of the opened file (its st_uid is who wrote it).
+    Raises FileNotFoundError when it is gone, UntrustedFileError for anything else that is wrong."""
+    path = Path(path)
+    fd, info = _open_untrusted(path, dir_fd)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UntrustedFileError(path, "is not a regular file")
         if info.st_size > max_bytes:
             raise UntrustedFileError(path, f"is {info.st_size} bytes, more than the {max_bytes} allowed")
         try:
@@ -308,6 +315,21 @@ def read_untrusted(
         if len(data) > max_bytes:
             raise UntrustedFileError(path, f"grew past the {max_bytes} bytes allowed while being read")
         return data, info
+    finally:
+        os.close(fd)
+
+
+def read_untrusted_tail(path: Path, tail_bytes: int) -> tuple[bytes, os.stat_result]:
+    """The last `tail_bytes` of a file that may be long (a job's output), opened as
+    `read_untrusted` opens; the first line may be cut. Same errors as `read_untrusted`."""
+    path = Path(path)
+    fd, info = _open_untrusted(path, None)
+    try:
+        try:
+            os.lseek(fd, max(0, info.st_size - tail_bytes), os.SEEK_SET)
+            return read_upto(fd, tail_bytes), info
+        except OSError as exc:
+            raise UntrustedFileError(path, f"cannot be read: {exc.strerror}") from None
     finally:
         os.close(fd)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from orchestrator.contract import Allocation, Heartbeat
 from orchestrator.contract import failure_events as fev
+from orchestrator.contract.rank_output import RankError
 from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
 
 from .actions import Action, Cancel, Exclude, NoteUnhealthyRelayed, Notify, Record, Stop
@@ -56,6 +57,7 @@ def launch_failed(
     *,
     wall_now: float,
     silent_for: float,
+    rank_error: RankError | None = None,
 ) -> tuple[list[Action], Failure | None]:
     """A launch failed and its launcher waits. `silent_for`: how long (controller clock) the
     launch's ranks have not beaten: the failure time, without a node's clock."""
@@ -73,4 +75,5 @@ def launch_failed(
         last_step=max(steps) if steps else None,
         wall_now=wall_now,
         failure_time=wall_now - silent_for,
+        rank_error=rank_error,
     )

@@ -20,7 +20,9 @@ from orchestrator.contract import (
 )
 from orchestrator.contract import failure_events as fev
 from orchestrator.contract.allocation import Allocation, read_decision
+from orchestrator.contract.job_end import LaunchEnd
 from orchestrator.contract.ledger import read_last_seen
+from orchestrator.contract.rank_output import RankError, read_rank_error
 from orchestrator.contract.state import ControllerState, JobRecord
 from orchestrator.errors import SchedulerError
 from orchestrator.operators import check_trust
@@ -123,6 +125,12 @@ class Observer:
                 self.memory.allocation_errors.add(job.job_id)
                 self.reporter.emit(fev.AllocationUnreadable(job_id=job.job_id, error=str(exc)[:300]))
             return None
+
+    def rank_error(self, job_id: str, launch_end: LaunchEnd | None) -> RankError | None:
+        """What the failing rank printed last, from the tail of the job's output (srun named the
+        task in `launch_end`, when it got that far)."""
+        task = launch_end.failed_task if launch_end is not None else None
+        return read_rank_error(self.paths.job_output(job_id), task)
 
     def decided(self, job: JobRecord, launch: int) -> bool:
         """A decision the controller itself wrote (the owner's, valid): a file someone else planted

@@ -20,6 +20,7 @@ to actions. Pure: the supervisor gathers the inputs and applies the actions.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.contract import (
     PURPOSEFUL_EXITS,
@@ -32,6 +33,7 @@ from orchestrator.contract import (
 )
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
+from orchestrator.contract.rank_output import RankError
 from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
 
 from .actions import Action, Cancel, DumpStacks, Notify, Record, Stop
@@ -161,8 +163,10 @@ def on_job_end(
     wall_now: float,
     queued_job_ids: list[str],
     unhealthy_nodes: tuple[str, ...] = (),
+    rank_error: RankError | None = None,
 ) -> tuple[Outcome, list[Action], Failure | None]:
-    """`unhealthy_nodes`: nodes the job's launcher found unhealthy before launching (blamed too)."""
+    """`unhealthy_nodes`: nodes the job's launcher found unhealthy before launching (blamed too).
+    `rank_error`: what the failing rank printed last (its traceback), for the words."""
     outcome = classify_end(record.state, exit_code)
     actions: list[Action] = [
         Record(
@@ -226,6 +230,7 @@ def on_job_end(
                 last_step=last_step,
                 srun_says=srun_says,
                 host=srun_host,
+                **_error_fields(rank_error),
             )
         )
     )
@@ -233,7 +238,7 @@ def on_job_end(
         Notify(
             "failure",
             f"job {record.job_id} failed ({outcome.value}, exit {exit_code}; "
-            f"{srun_says or 'no srun detail'})",
+            f"{srun_says or 'no srun detail'}){_said(rank_error)}",
             {"job_id": record.job_id, "exit_code": exit_code, "host": srun_host},
         )
     )
@@ -249,6 +254,16 @@ def on_job_end(
             {"exit_code": exit_code, "srun_says": srun_says},
         ),
     )
+
+
+def _error_fields(rank_error: RankError | None) -> dict[str, Any]:
+    if rank_error is None:
+        return {}
+    return {"rank_error": rank_error.describe(), "rank_error_lines": list(rank_error.lines)}
+
+
+def _said(rank_error: RankError | None) -> str:
+    return f"; {rank_error.describe()}" if rank_error is not None else ""
 
 
 def signalled_culprit(launch_end: LaunchEnd | None) -> list[str]:
@@ -267,6 +282,7 @@ def on_launch_failed(
     last_step: int | None,
     wall_now: float,
     failure_time: float,
+    rank_error: RankError | None = None,
 ) -> tuple[list[Action], Failure]:
     """A launch inside a job with spares failed and its launcher waits for a decision: the
     failure as on a job end, then recovery decides (relaunch on a spare, or job level)."""
@@ -285,13 +301,14 @@ def on_launch_failed(
         srun_says=srun_says,
         host=srun_host,
         nodes=allocation.nodes,
+        **_error_fields(rank_error),
     )
     actions: list[Action] = [
         Record(detail),
         Notify(
             "failure",
             f"job {job.job_id}: launch {allocation.launch} failed (exit {allocation.exit_code}; "
-            f"{srun_says or 'no srun detail'})",
+            f"{srun_says or 'no srun detail'}){_said(rank_error)}",
             {"job_id": job.job_id, "exit_code": allocation.exit_code, "host": srun_host},
         ),
     ]

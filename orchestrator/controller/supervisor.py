@@ -40,8 +40,10 @@ from orchestrator.contract import (
     KILL_REQUEST,
     ROLLBACK_REQUEST,
     Heartbeat,
+    Outcome,
     RunPaths,
     checkpoints_dir,
+    classify_end,
     new_directive_id,
 )
 from orchestrator.contract import events as ev
@@ -352,6 +354,7 @@ class Controller:
                 beats,
                 wall_now=self.clock(),
                 silent_for=self.observer.silent_for(),
+                rank_error=self.observer.rank_error(running.job_id, allocation.ended),
             )
             self._apply(actions, done)
             if failure is not None:
@@ -448,6 +451,9 @@ class Controller:
             wall_now=self.clock(),
             queued_job_ids=[j.job_id for j in jobs.queued_jobs(self.state)],
             unhealthy_nodes=tuple(allocation.unhealthy) if allocation is not None else (),
+            rank_error=self.observer.rank_error(record.job_id, launch_end)
+            if classify_end(record.state, exit_code) is Outcome.FAILED
+            else None,
         )
         if failure is not None:
             self._failed([SetOutcome(record.job_id, outcome.value), *actions], failure, done)

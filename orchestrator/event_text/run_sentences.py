@@ -170,6 +170,7 @@ def _(e: fev.Failure) -> str:
         return f"job {e.job_id} stalled{at}: {_ranks(e)} stopped at once (the job, not a node, is suspected)"
     code = f"exit {e.exit_code}" if e.exit_code is not None else "no exit code"
     srun = f"; srun: {e.srun_says}" if e.srun_says else ""
+    srun += f"; {e.rank_error}" if e.rank_error else ""
     on = f" on {e.host}" if e.host else ""
     if e.cause == "launch_failed":
         launch = f"launch {e.launch + 1}" if e.launch is not None else "a launch"

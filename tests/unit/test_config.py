@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,3 +115,17 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(bad)
+
+
+def test_a_venvs_python_is_kept_as_written_not_resolved_to_the_base_interpreter(tmp_path):
+    """A venv's bin/python is a symlink to the base interpreter; only the link's own path finds the
+    venv's packages (pyvenv.cfg beside it). Resolved, every rank died on `import torch`."""
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.symlink_to(sys.executable)
+    (tmp_path / "configs").mkdir()
+    text = (Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml").read_text()
+    config = tmp_path / "configs" / "tiny.yaml"
+    config.write_text(text.replace("python: ../.venv/bin/python", "python: ../venv/bin/python"))
+    assert load_config(config).cluster.python == str(venv_python)
+    assert Path(os.path.realpath(venv_python)) != venv_python, "the test needs a real symlink"

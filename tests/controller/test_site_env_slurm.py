@@ -1,0 +1,117 @@
+"""A site's environment on the real local SLURM cluster, through the CLI only (submit, watch,
+status, events), as an operator drives it:
+- the shipped configs/tiny-cpu.yaml, unchanged, trains to its end: its `python:` is the checkout's
+  venv as written (a venv's bin/python resolved to the base interpreter had no torch);
+- a rank that raises: its exception's line (not srun's `Exited with exit code 1`) is in the
+  failure event, in `status` and in `events`; the job was submitted with a site's mail options
+  (`mail-type: END,FAIL`, `mail-user`), which slurmctld took as given.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from fakes import REPO
+
+from orchestrator.cli.main import main
+from orchestrator.contract import RunPaths, read_jsonl
+from orchestrator.contract.ledger import read_submissions
+from orchestrator.slurm.render import run_job_name
+
+pytestmark = pytest.mark.slurm
+CORPUS = REPO / "data" / "corpus" / "multilingual_text_document"
+STOPPED = ("finished", "crash_loop", "killed", "config_error", "failed")
+
+
+@pytest.fixture
+def cluster_env(local_cluster, monkeypatch):
+    for name, value in {**local_cluster.env(), "RUNCTL_SCHEDULER": "slurm", "PYTHONPATH": str(REPO),
+                        "PATH": local_cluster.slurm_env()["PATH"], "TRAINER_TENSORBOARD": "0"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)  # the job gets this environment (sbatch's --export=ALL)
+    return local_cluster
+
+
+def watch_until(run_dir: Path, capsys, seconds: float, done) -> str:
+    deadline = time.monotonic() + seconds
+    status = None
+    while time.monotonic() < deadline:
+        assert main(["watch", str(run_dir), "--once", "--json"]) == 0
+        status = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["status"]
+        if done(status):
+            return status
+        time.sleep(1)
+    return status
+
+
+def test_the_shipped_tiny_cpu_config_trains_to_its_end_with_the_venv_it_names(cluster_env, tmp_path, capsys):
+    config = REPO / "configs" / "tiny-cpu.yaml"
+    assert "python: ../.venv/bin/python" in config.read_text(), "the shipped config as users get it"
+    venv_python = REPO / ".venv" / "bin" / "python"
+    if not venv_python.is_symlink():
+        pytest.fail(f"{venv_python} is not the venv's symlink: run `make install` first")
+    run_dir = tmp_path / "tiny"
+    assert main(["submit", str(config), "--run-dir", str(run_dir)]) == 0, capsys.readouterr().err
+    frozen = yaml.safe_load((run_dir / "run.yaml").read_text())
+    assert frozen["cluster"]["python"] == str(venv_python), "kept as the venv's own path"
+    status = watch_until(run_dir, capsys, 420, lambda s: s in STOPPED)
+    paths = RunPaths.of(run_dir)
+    output = "".join(p.read_text(errors="replace")[-3000:] for p in paths.jobs.glob("slurm-*.out"))
+    assert status == "finished", output
+    state = json.loads(paths.state.read_text())
+    assert state["restarts"] == 0 and len(state["jobs"]) == 1 and state["jobs"][0]["exit_code"] == 0
+    last = read_jsonl(paths.metrics)[-1]
+    print(f"tiny-cpu: {len(read_jsonl(paths.metrics))} steps, last {last}")
+    assert last["step"] == 200, "1600 samples at a global batch of 8"
+
+
+def test_a_raising_rank_shows_its_own_error_and_the_mail_options_reach_slurm(cluster_env, tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    for suffix in (".bin", ".idx"):
+        shutil.copy(CORPUS.with_name(CORPUS.name + suffix), data_dir / f"corpus{suffix}")
+    config = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
+    config["cluster"].update(nodes=1, gpus_per_node=1, python=sys.executable, spare_nodes=0,
+                             extra_sbatch={"mail-type": "END,FAIL", "mail-user": "oncall@example.org"})  # fmt: skip
+    config["parallel"].update(tp=1, pp=1, global_batch_size=8)
+    config["data"].update(datasets=[{"path": str(data_dir / "corpus")}], tokenizer=str(REPO / "data" / "tokenizer.json"))
+    config["watchdog"].update(poll_seconds=1, heartbeat_seconds=1)
+    path = tmp_path / "raises.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("TRAINER_FAULT", "raise@step2")  # a test's environment, never a config's
+            assert main(["submit", str(path), "--run-dir", str(run_dir)]) == 0, capsys.readouterr().err
+            paths = RunPaths.of(run_dir)
+            first_job = read_submissions(paths.submissions)[0].job_id
+            shown = subprocess.run(["scontrol", "show", "job", first_job], capture_output=True, text=True,
+                                   env=cluster_env.slurm_env()).stdout  # fmt: skip
+            assert "MailUser=oncall@example.org" in shown and "MailType=END,FAIL" in shown, shown
+
+            def failed(_status: str) -> bool:
+                return any(e.get("event") == "failure" for e in read_jsonl(paths.events))
+
+            watch_until(run_dir, capsys, 240, failed)
+    finally:
+        name = run_job_name("demo-cpu-4node", str(run_dir))
+        subprocess.run(["scancel", "--name", name], env=cluster_env.slurm_env(), check=False)
+    failures = [e for e in read_jsonl(paths.events) if e.get("event") == "failure"]
+    output = "".join(p.read_text(errors="replace")[-3000:] for p in paths.jobs.glob("slurm-*.out"))
+    assert failures, output
+    said = "rank 0: RuntimeError: TEST FAULT raise at step 2 on rank 0"
+    print(failures[0])
+    assert failures[0]["rank_error"] == said
+    assert failures[0]["rank_error_lines"][0] == "Traceback (most recent call last):"
+    assert main(["status", str(run_dir)]) == 0
+    status_screen = capsys.readouterr().out
+    print(status_screen)
+    assert "RuntimeError: TEST FAULT raise at step 2" in status_screen
+    assert main(["events", str(run_dir), "--type", "failure"]) == 0
+    assert said in capsys.readouterr().out
