@@ -181,6 +181,7 @@ class SubmitResult:
     warnings: list[str] = field(default_factory=list)  # pre-flight warnings (the submission went on)
     script_text: str = ""  # what sbatch gets (a dry run's output)
     srun_lines: list[str] = field(default_factory=list)  # what the job's launcher will run
+    probe: list[str] = field(default_factory=list)  # the probe job's verdicts (slurm/env_probe.py)
 
 
 def check_plan(cfg: RunConfig) -> list[str]:
@@ -220,9 +221,13 @@ def submit_run(
     dry_run: bool = False,
     command: list[str] | None = None,
     host_checks: bool = True,
+    probe: bool = False,
+    probe_timeout: float = 900.0,
+    say: Any = None,
 ) -> SubmitResult:
     """What `runctl submit` does: validate, plan (fit and time budget), pre-flight on this host,
-    prepare the run dir, render, submit `chain` jobs linked by --dependency=singleton.
+    the probe job (with `probe`: the nodes run the interpreter, import the trainer, see the GPUs
+    and the data), prepare the run dir, render, submit `chain` jobs linked by --dependency=singleton.
     dry_run: the same path up to the first write: nothing is created, the script is returned.
     command: what srun starts instead of `python -m trainer RUN_DIR` (smoke tests only).
 
@@ -253,7 +258,18 @@ def submit_run(
     result.srun_lines = srun_preview(frozen, str(run_root), argv)
     if dry_run:
         result.script_text = render_sbatch(frozen, run_root, command=command)
+        if probe:
+            result.probe = ["a probe job would run first on one node (--skip-probe skips it)"]
         return result
+    if probe and not getattr(scheduler, "runs_job_scripts", True):
+        result.warnings.append(f"no probe job: the {scheduler.name} scheduler runs no job script")
+    elif probe:
+        from orchestrator.slurm.env_probe import require_ok, run_probe  # noqa: PLC0415
+
+        report = run_probe(frozen, scheduler, run_root.parent, timeout_seconds=probe_timeout,
+                           say=say or (lambda _message: None))  # fmt: skip
+        require_ok(report)
+        result.probe = report.lines()
     paths = prepare_run_dir(cfg, run_root)
     frozen = load_config(paths.config)
     for index in range(chain):

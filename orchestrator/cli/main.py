@@ -18,6 +18,7 @@ from orchestrator.filemodes import owner_umask
 COMMAND_MODULES = [
     "plan_cmd",
     "submit_cmd",
+    "check_env_cmd",
     "status_cmd",
     "ls_cmd",
     "logs_cmd",

@@ -37,6 +37,13 @@ MANUAL: dict[str, tuple[tuple[CliExit, ...], list[str]]] = {
             "RUNCTL_SCHEDULER=mock runctl submit configs/demo-cpu-4node.yaml --run-dir runs/demo",
         ],
     ),
+    "check-env": (
+        (OK, USAGE, SCHED),
+        [
+            "runctl check-env configs/bloom-176b.yaml --run-dir /gpfs/runs/tr11",
+            "runctl check-env configs/bloom-176b.yaml --json | jq '.checks[] | select(.ok == false)'",
+        ],
+    ),
     "status": (
         (OK, USAGE),  # a scheduler that cannot be asked is a warning on the screen
         [

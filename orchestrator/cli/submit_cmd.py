@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Validate the config; check that the planner says it fits, time budget included "
         "(exit 3 if not); check on this host that the data, the tokenizer and cluster.python exist, that "
         "operators.group exists and that the checkpoint disk holds keep_last + 1 checkpoints (exit 2 if "
-        "not); then create the run directory (run.yaml, jobs/, control/ ...), render the sbatch script "
+        "not); run the probe job on one node (exit 2 if the nodes cannot run the trainer); then create the run directory (run.yaml, jobs/, control/ ...), render the sbatch script "
         "and submit it. --chain K queues K jobs linked by --dependency=singleton on the run's job name: "
         "each starts when the one before it ends. --dry-run takes the same path, writes nothing and "
         "prints the script instead of submitting it.",
@@ -39,6 +39,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="skip the checks of this host's files, group and disk (to review a config away from its "
         "cluster); the planner's checks still run",
     )
+    submit.add_argument(
+        "--skip-probe",
+        action="store_true",
+        help="submit without the probe job (one node runs the interpreter, the set-up and the container, "
+        "imports the trainer, torch and DeepSpeed, counts GPUs, checks the run dir and the data)",
+    )
+    submit.add_argument(
+        "--probe-timeout", type=float, default=900.0, metavar="S",
+        help="how long the probe job may take, queue time included (default 900 s)",
+    )  # fmt: skip
     submit.add_argument(
         "--chain", type=int, default=1, metavar="K", help="queue K singleton-linked jobs (default 1)"
     )
@@ -66,7 +76,8 @@ def run_submit(args: argparse.Namespace) -> int:
     scheduler = None if args.dry_run else get_scheduler()
     result = submit_run(
         args.config, args.run_dir, scheduler, chain=args.chain, dry_run=args.dry_run,
-        host_checks=not args.skip_host_checks,
+        host_checks=not args.skip_host_checks, probe=not args.skip_probe, probe_timeout=args.probe_timeout,
+        say=None if args.json else lambda message: print(message, file=sys.stderr, flush=True),
     )  # fmt: skip
     result.scheduler = scheduler_name(require_sbatch=False) if scheduler is None else scheduler.name
     if args.json:
@@ -78,7 +89,7 @@ def run_submit(args: argparse.Namespace) -> int:
         print(
             f"dry run: nothing was written or submitted (the run directory {result.run_dir} is not created)"
         )
-        for line in describe_chain(result.chain, result.job_name):
+        for line in [*result.probe, *describe_chain(result.chain, result.job_name)]:
             print(line)
         print("the job's launcher will run these srun steps (nodes as SLURM allocates them):")
         for line in result.srun_lines:
@@ -86,6 +97,8 @@ def run_submit(args: argparse.Namespace) -> int:
         print(f"--- the script of job 1 (the others are the same) ---\n{result.script_text.rstrip()}")
         print("--- end of the script; submit for real without --dry-run")
         return EXIT_OK
+    for line in result.probe:
+        print(f"probe: {for_terminal(line)}")
     chain = f" (a chain of {len(result.job_ids)}, --dependency=singleton)" if len(result.job_ids) > 1 else ""
     print(f"submitted job(s) {', '.join(result.job_ids)}{chain} to {result.scheduler} as {result.job_name}")
     print(f"run directory: {result.run_dir}\nscript: {result.script}")

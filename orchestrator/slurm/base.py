@@ -155,6 +155,9 @@ class Scheduler(Protocol):
     `orchestrator.errors.SchedulerError` (with the scheduler's own output) on failure."""
 
     name: str
+    # False for a backend that moves jobs through states without running their scripts (the
+    # mocked SLURM's scenario mode): a probe job there could tell nothing.
+    runs_job_scripts: bool = True
 
     def submit(self, request: SubmitRequest) -> str:
         """Submit and return the job id."""

@@ -66,6 +66,11 @@ class MockScheduler:
     def __init__(self, directory: Path | str | None = None, execute: bool | None = None):
         self.slurm = ExecutingMockSlurm(directory, execute)
 
+    @property
+    def runs_job_scripts(self) -> bool:
+        """Scenario mode moves jobs through states without running their scripts."""
+        return bool(self.slurm.execute)
+
     def submit(self, request: SubmitRequest) -> str:
         argv = sbatch_argv(request)
         self.slurm.record_command(argv)

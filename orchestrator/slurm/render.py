@@ -15,6 +15,7 @@ comment ends at a newline too).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -98,6 +99,12 @@ def comment_line(value: object) -> str:
     return for_terminal(value)
 
 
+def json_text(value: object) -> str:
+    """The inside of a JSON string (quotes, backslashes, control characters escaped), for a
+    report line the job prints with printf."""
+    return json.dumps(str(value))[1:-1]
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir())),
@@ -111,8 +118,14 @@ def _environment() -> jinja2.Environment:
         shquote=shquote,
         env_name=env_name,
         comment_line=comment_line,
+        json_text=json_text,
     )
     return env
+
+
+def render_template(name: str, **values: object) -> str:
+    """Another job script of sbatch_templates/ (the probe job's), with the same filters."""
+    return _environment().get_template(name).render(**values)
 
 
 def render_sbatch(
