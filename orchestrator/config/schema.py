@@ -13,14 +13,21 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from .section import Section
-from .site_options import SBATCH_OWNED, SRUN_OWNED, ContainerConfig, SbatchOptions, SrunOptions, refuse_owned
+from .site_options import (
+    ENV_NAME,
+    SBATCH_OWNED,
+    SRUN_OWNED,
+    ContainerConfig,
+    SbatchOptions,
+    SrunOptions,
+    refuse_owned,
+)
 from .slurm_time import SlurmTimeError, normalise_slurm_time
 
 # Values that end up on #SBATCH lines or in `export` lines of a shell script. They are also
 # quoted when rendered; the pattern makes a hostile value an error before any rendering.
 SAFE_WORD = r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$"
 SAFE_PATH = r"^[A-Za-z0-9_./+\-~][A-Za-z0-9_./+\-=:@]*$"
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SLURM_NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_\-]*(\[[0-9,\-]+\])?$"
 
 SafeWord = Annotated[str, StringConstraints(pattern=SAFE_WORD, max_length=128)]

@@ -29,7 +29,7 @@ from .section import Section
 OPTION_NAME = r"^[a-z][a-z0-9\-]*$"
 SBATCH_OPTION_VALUE = r"^[^\s\"'\\`\x00-\x1f\x7f]+$"
 SRUN_OPTION_VALUE = r"^[^\x00-\x1f\x7f]+$"
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # a shell variable name (also cluster.env's keys)
 # pyxis: SRC[:DST[:FLAGS]], several joined by commas (so no comma inside one)
 CONTAINER_MOUNT = r"^[^\s,\"'\\`\x00-\x1f\x7f]+$"
 

@@ -8,40 +8,25 @@ The smallest run there is: one rank on one node (tp = pp = dp = 1)."""
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 import time
 
 import pytest
-import yaml
-from fakes import REPO
+from one_rank_run import one_rank_config, submit_environment, write_config
 
 from orchestrator.cli.main import main
 from orchestrator.contract import RunPaths, read_jsonl
 from orchestrator.controller.exclude import excluded_nodes
 
 pytestmark = pytest.mark.slurm
-CORPUS = REPO / "data" / "corpus" / "multilingual_text_document"
 
 
 def test_a_dataset_gone_after_submit_stops_the_run_once_as_a_config_error(local_cluster, tmp_path, monkeypatch, capsys):
-    for name, value in {**local_cluster.env(), "RUNCTL_SCHEDULER": "slurm", "PYTHONPATH": str(REPO),
-                        "PATH": local_cluster.slurm_env()["PATH"], "TRAINER_TENSORBOARD": "0"}.items():  # fmt: skip
-        monkeypatch.setenv(name, value)  # the job gets this environment (sbatch's --export=ALL)
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    for suffix in (".bin", ".idx"):
-        shutil.copy(CORPUS.with_name(CORPUS.name + suffix), data_dir / f"corpus{suffix}")
-    config = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
-    config["cluster"].update(nodes=1, gpus_per_node=1, python=sys.executable)
-    config["parallel"].update(tp=1, pp=1, global_batch_size=8)
-    config["data"].update(datasets=[{"path": str(data_dir / "corpus")}], tokenizer=str(REPO / "data" / "tokenizer.json"))
-    config["watchdog"].update(poll_seconds=1, heartbeat_seconds=1)
-    path = tmp_path / "one-rank.yaml"
-    path.write_text(yaml.safe_dump(config))
+    submit_environment(local_cluster, monkeypatch)
+    config, data_dir = one_rank_config(tmp_path)
+    path = write_config(tmp_path, config)
     run_dir = tmp_path / "run"
 
-    assert main(["submit", str(path), "--run-dir", str(run_dir)]) == 0, capsys.readouterr().err
+    assert main(["submit", path, "--run-dir", str(run_dir)]) == 0, capsys.readouterr().err
     for suffix in (".bin", ".idx"):  # the dataset goes away before the job starts
         (data_dir / f"corpus{suffix}").unlink()
     paths = RunPaths.of(run_dir)

@@ -5,42 +5,24 @@ passing probe runs in every real-cluster `runctl submit` of the suite (test_site
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
 import pytest
-import yaml
-from fakes import REPO
+from fakes import REPO  # noqa: F401 - puts tests/controller on the path first
+from one_rank_run import one_rank_config, submit_environment, write_config
 
 from orchestrator.cli.main import main
 from orchestrator.contract import RunPaths
 from orchestrator.slurm.render import run_job_name
 
 pytestmark = pytest.mark.slurm
-CORPUS = REPO / "data" / "corpus" / "multilingual_text_document"
 
 
 @pytest.fixture
 def one_rank(local_cluster, tmp_path, monkeypatch):
-    for name, value in {**local_cluster.env(), "RUNCTL_SCHEDULER": "slurm", "PYTHONPATH": str(REPO),
-                        "PATH": local_cluster.slurm_env()["PATH"]}.items():  # fmt: skip
-        monkeypatch.setenv(name, value)
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    for suffix in (".bin", ".idx"):
-        shutil.copy(CORPUS.with_name(CORPUS.name + suffix), data_dir / f"corpus{suffix}")
-    config = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
-    config["cluster"].update(nodes=1, gpus_per_node=1, python=sys.executable, spare_nodes=0)
-    config["parallel"].update(tp=1, pp=1, global_batch_size=8)
-    config["data"].update(datasets=[{"path": str(data_dir / "corpus")}], tokenizer=str(REPO / "data" / "tokenizer.json"))
-    return config, data_dir
-
-
-def write(tmp_path, config) -> str:
-    path = tmp_path / "probe.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
+    submit_environment(local_cluster, monkeypatch)
+    return one_rank_config(tmp_path)
 
 
 def queued_names(local_cluster) -> list[str]:
@@ -70,7 +52,7 @@ def a_dataset_the_node_cannot_read(_tmp_path, _config, data_dir):
 def test_the_probe_catches_it_and_nothing_is_queued(case, one_rank, local_cluster, tmp_path, capsys):
     config, data_dir = one_rank
     flags, said = case(tmp_path, config, data_dir)
-    path = write(tmp_path, config)
+    path = write_config(tmp_path, config, "probe.yaml")
     run_dir = tmp_path / "run"
     code = main(["submit", path, "--run-dir", str(run_dir), "--probe-timeout", "180", *flags])
     err = capsys.readouterr().err

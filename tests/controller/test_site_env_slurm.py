@@ -10,15 +10,14 @@ status, events), as an operator drives it:
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 from fakes import REPO
+from one_rank_run import one_rank_config, submit_environment, write_config
 
 from orchestrator.cli.main import main
 from orchestrator.contract import RunPaths, read_jsonl
@@ -26,15 +25,12 @@ from orchestrator.contract.ledger import read_submissions
 from orchestrator.slurm.render import run_job_name
 
 pytestmark = pytest.mark.slurm
-CORPUS = REPO / "data" / "corpus" / "multilingual_text_document"
 STOPPED = ("finished", "crash_loop", "killed", "config_error", "failed")
 
 
 @pytest.fixture
 def cluster_env(local_cluster, monkeypatch):
-    for name, value in {**local_cluster.env(), "RUNCTL_SCHEDULER": "slurm", "PYTHONPATH": str(REPO),
-                        "PATH": local_cluster.slurm_env()["PATH"], "TRAINER_TENSORBOARD": "0"}.items():  # fmt: skip
-        monkeypatch.setenv(name, value)  # the job gets this environment (sbatch's --export=ALL)
+    submit_environment(local_cluster, monkeypatch)
     return local_cluster
 
 
@@ -72,23 +68,14 @@ def test_the_shipped_tiny_cpu_config_trains_to_its_end_with_the_venv_it_names(cl
 
 
 def test_a_raising_rank_shows_its_own_error_and_the_mail_options_reach_slurm(cluster_env, tmp_path, capsys):
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    for suffix in (".bin", ".idx"):
-        shutil.copy(CORPUS.with_name(CORPUS.name + suffix), data_dir / f"corpus{suffix}")
-    config = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
-    config["cluster"].update(nodes=1, gpus_per_node=1, python=sys.executable, spare_nodes=0,
-                             extra_sbatch={"mail-type": "END,FAIL", "mail-user": "oncall@example.org"})  # fmt: skip
-    config["parallel"].update(tp=1, pp=1, global_batch_size=8)
-    config["data"].update(datasets=[{"path": str(data_dir / "corpus")}], tokenizer=str(REPO / "data" / "tokenizer.json"))
-    config["watchdog"].update(poll_seconds=1, heartbeat_seconds=1)
-    path = tmp_path / "raises.yaml"
-    path.write_text(yaml.safe_dump(config))
+    config, _ = one_rank_config(tmp_path)
+    config["cluster"]["extra_sbatch"] = {"mail-type": "END,FAIL", "mail-user": "oncall@example.org"}
+    path = write_config(tmp_path, config, "raises.yaml")
     run_dir = tmp_path / "run"
     try:
         with pytest.MonkeyPatch.context() as env:
             env.setenv("TRAINER_FAULT", "raise@step2")  # a test's environment, never a config's
-            assert main(["submit", str(path), "--run-dir", str(run_dir)]) == 0, capsys.readouterr().err
+            assert main(["submit", path, "--run-dir", str(run_dir)]) == 0, capsys.readouterr().err
             paths = RunPaths.of(run_dir)
             first_job = read_submissions(paths.submissions)[0].job_id
             shown = subprocess.run(["scontrol", "show", "job", first_job], capture_output=True, text=True,
