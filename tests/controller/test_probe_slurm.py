@@ -62,6 +62,13 @@ def test_the_probe_catches_it_and_nothing_is_queued(case, one_rank, local_cluste
     assert "the nodes cannot run this training; nothing was submitted" in err and said in err
     assert not RunPaths.of(run_dir).config.exists(), "no run directory is made for a run that cannot start"
     assert run_job_name(config["name"], str(run_dir)) not in queued_names(local_cluster)
-    # check-env says the same, without a run
-    assert main(["check-env", path, "--run-dir", str(run_dir), "--timeout", "180"]) == 2
-    assert said in capsys.readouterr().out
+
+
+def test_check_env_says_the_same_without_a_run(one_rank, tmp_path, capsys):
+    config, data_dir = one_rank
+    _, said = a_setup_command_that_fails(tmp_path, config, data_dir)
+    path = write_config(tmp_path, config, "probe.yaml")
+    assert main(["check-env", path, "--run-dir", str(tmp_path / "run"), "--timeout", "180"]) == 2
+    out = capsys.readouterr().out
+    assert said in out and out.rstrip().endswith("the nodes cannot run this training as configured")
+    assert not (tmp_path / "run").exists()
