@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     controller = Controller(run_dir, cfg, scheduler, stack_wait_seconds=3.0)
     controller.start()
     fault = {"done": args.no_fault}
-    seen = {"events": 0}
+    seen = {"events": 0, "steps": False}
 
     def on_pass(result) -> None:
         events = read_events(controller.paths.events)
@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[controller] {clock(event.time)} {sentence(event)}", flush=True)
         seen["events"] = len(events)
         a = result.assessment
+        seen["steps"] = seen["steps"] or bool(a and a.max_step is not None)
         if a and a.max_step is not None and int(time.time()) % 5 == 0:
             print(
                 f"[watch] job {a.job_id}: {a.ranks_seen} ranks beating, step {a.max_step}/{total}", flush=True
@@ -209,7 +210,25 @@ def main(argv: list[str] | None = None) -> int:
 
         say("where the wall time went (orchestrator/goodput.py)")
         print_goodput(summary)
-    return 0 if status == RunStatus.FINISHED else 1
+    failed = demo_failed(status == RunStatus.FINISHED, seen["steps"], not args.no_fault,
+                         fault["done"], len(summary["incidents"]))  # fmt: skip
+    if failed:
+        print(f"demo FAILED: {failed}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def demo_failed(finished: bool, saw_steps: bool, fault_wanted: bool, fault_done: bool, incidents: int) -> str:
+    """Why the demo did not show what it promises ('' when it did): a run that finished while the
+    controller never saw it train, or never noticed the rank it killed, supervised nothing."""
+    if not saw_steps:
+        return "the controller never saw a rank train (it could not read the job or its heartbeats)"
+    if fault_wanted and not fault_done:
+        return "the run ended before the rank could be killed"
+    if fault_wanted and incidents == 0:
+        return "a rank was killed and the controller reported no incident: nothing was supervised"
+    if not finished:
+        return "the run did not finish"
+    return ""
 
 
 def _rank_beat(controller, job_id: str, rank: int) -> Heartbeat | None:

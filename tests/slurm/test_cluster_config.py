@@ -70,3 +70,22 @@ def test_demo_without_a_cluster_stops_unless_the_mock_is_asked_for(monkeypatch, 
     err = capsys.readouterr().err
     assert "not root (test)" in err and "DEMO_ARGS=--mock" in err
     assert not (tmp_path / "run").exists(), "nothing may be submitted anywhere"
+
+
+@pytest.mark.parametrize(
+    ("finished", "saw_steps", "fault_wanted", "fault_done", "incidents", "why"),
+    [
+        (True, True, True, True, 1, ""),
+        (True, True, False, True, 0, ""),
+        # Slurm 24.11 before its JSON was read: the run "finished" unwatched, goodput 0
+        (True, False, True, False, 0, "never saw a rank train"),
+        (True, True, True, True, 0, "reported no incident"),
+        (True, True, True, False, 0, "before the rank could be killed"),
+        (False, True, True, True, 1, "did not finish"),
+    ],
+)
+def test_a_demo_that_supervised_nothing_fails(finished, saw_steps, fault_wanted, fault_done, incidents, why):
+    from orchestrator.demo import demo_failed
+
+    said = demo_failed(finished, saw_steps, fault_wanted, fault_done, incidents)
+    assert (why in said and said) if why else said == ""
