@@ -111,7 +111,7 @@ def test_hold_release_cancel_and_exclude(mock_slurm_dir, tmp_path):
         "scontrol update",
         "scontrol release",
         "scancel --signal=USR1",
-        "squeue --json",
+        "squeue --states=all",
     ):
         assert expected in commands
 
