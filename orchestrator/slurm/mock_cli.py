@@ -131,6 +131,7 @@ def cmd_squeue(slurm: MockSlurm, argv: list[str]) -> int:
     parser.add_argument("-a", "--all", action="store_true")
     parser.add_argument("--me", action="store_true")
     parser.add_argument("-n", "--name", default=None)
+    parser.add_argument("-u", "--user", default=None)  # every mock job is the caller's
     parser.add_argument("-O", "--Format", default=None)
     parser.add_argument("-V", "--version", action="store_true")
     args = parser.parse_args(argv)

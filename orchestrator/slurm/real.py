@@ -119,6 +119,10 @@ class SlurmScheduler:
         return {j: info for j, info in self._squeue([f"--name={name}"]).items() if info.name == name}
 
     def _squeue_ids(self, wanted: list[str]) -> dict[str, JobInfo]:
+        # One id: slurmctld looks up that job alone (its cost does not grow with the queue).
+        # Several: squeue loads every job and keeps ours; the answer stays ours alone, but
+        # slurmctld walks its whole job list (bench/slurm_foreign_jobs.py; --user does not
+        # spare that walk on 22.05, measured there too).
         found = self._squeue([f"--jobs={','.join(wanted)}"])
         return {j: info for j, info in found.items() if j in wanted}
 
