@@ -114,3 +114,12 @@ def test_scontrol_node_text_keeps_partitions_on_22_05_and_24_11():
     assert node.partitions == ("debug", "gpu")
     assert node.reason == "disk errors | seen twice [root@2026-12-05T01:59:06]"
     assert node.states == {"IDLE", "DRAIN"}
+
+
+def test_the_unknown_state_fixture_is_refused_naming_field_value_and_release():
+    text = (ANSWERS / "squeue-json-25.11-unknown-state.json").read_text()
+    with pytest.raises(SlurmAnswerError) as info:
+        jobs_from_json(text, lambda: "fixture")
+    print(info.value)
+    assert (info.value.field, info.value.release) == ("job_state", "25.11.1")
+    assert "HIBERNATING" in str(info.value) and "25.11.1" in str(info.value)

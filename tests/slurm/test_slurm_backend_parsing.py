@@ -63,6 +63,10 @@ def test_squeue_forgetting_a_single_job_is_not_an_outage_but_silence_is(tmp_path
     env = fake_tools(tmp_path, "22.05.8", squeue=(1, "", "slurm_load_jobs error: Invalid job id specified\n"),
                      sacct=(1, "", "Slurm accounting storage is disabled\n"))  # fmt: skip
     assert SlurmScheduler(env=env).jobs(["41"])["41"].state == JobState.UNKNOWN
+    # 22.05's text squeue with slurmctld stopped (measured on the local cluster: ~30 s, then this).
+    env = fake_tools(tmp_path, "22.05.8", squeue=(1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"))
+    with pytest.raises(SchedulerError, match="Unable to contact slurm controller"):
+        SlurmScheduler(env=env).jobs(["41", "42"])
     # 24.11 with slurmctld stopped: exit 1 and no output at all.
     env = fake_tools(tmp_path, "24.11.5", squeue=(1, "", ""))
     with pytest.raises(SchedulerError, match="no output: slurmctld is not answering"):
