@@ -253,13 +253,14 @@ class SlurmScheduler:
 
 def parse_scontrol_record(text: str, args: Sequence[str] = ("scontrol",)) -> dict[str, str]:
     """One `scontrol show ... -o` line (Key=Value Key=Value ...) to a dict. Values may contain
-    spaces (Command=...), so a new key starts only at ` Word=`."""
+    spaces (Command=...), so a new key starts only at whitespace followed by `Word=`."""
     line = text.strip().splitlines()[0] if text.strip() else ""
     if "=" not in line:
         raise SchedulerError(
             f"cannot parse scontrol's answer as Key=Value pairs: `{' '.join(args)}` printed {text!r}"
         )
-    parts = re.split(r" (?=[A-Za-z][A-Za-z0-9/:_]*=)", line)
+    # SLURM puts two spaces between some pairs (`Partitions=debug  BootTime=`).
+    parts = re.split(r"\s+(?=[A-Za-z][A-Za-z0-9/:_]*=)", line)
     out: dict[str, str] = {}
     for part in parts:
         key, _, value = part.partition("=")

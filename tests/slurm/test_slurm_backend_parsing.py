@@ -156,8 +156,9 @@ def test_wait_status_hostlists_and_scontrol_records():
     with pytest.raises(ValueError):
         expand_hostlist("node[01-")
     record = parse_scontrol_record(
-        "JobId=5 JobName=x JobState=PENDING Reason=Dependency Command=/a b/c.sh WorkDir=/tmp"
+        "JobId=5 JobName=x JobState=PENDING Reason=Dependency Partition=debug  Command=/a b/c.sh WorkDir=/tmp"
     )
     assert record["JobState"] == "PENDING" and record["Command"] == "/a b/c.sh"
+    assert record["Partition"] == "debug", "two spaces after a value (as scontrol prints them) are not part of it"
     with pytest.raises(SchedulerError, match="cannot parse"):
         parse_scontrol_record("slurm_load_jobs error: Invalid job id specified")
