@@ -8,7 +8,8 @@ One squeue a pass, asking only for the run's jobs by id, in the form whose filte
 release honours: `squeue --json` applies `--jobs`/`--name` only from 24.05 on (22.05 to 23.11
 print every job slurmctld knows, megabytes on a busy site), so those releases are asked in text
 (`squeue -h -O`, whose filters every release honours). The release is `squeue --version`'s, asked
-once (it reads no slurmctld).
+once per scheduler (it asks slurmctld for no jobs; it needs the config, from SLURM_CONF or, on a
+configless site, from slurmctld).
 """
 
 from __future__ import annotations
