@@ -37,8 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from orchestrator.errors import SchedulerError
+from orchestrator.slurm.answers import jobs_from_json
 from orchestrator.slurm.base import JobInfo, JobState, NodeInfo, SubmitRequest
-from orchestrator.slurm.node_query import squeue_records
 
 from .clock import VirtualClock
 
@@ -136,7 +136,7 @@ class SimSlurm:
             )
         answer = {"errors": [{"source": "slurm_load_jobs", "error": "Unable to contact slurm controller "
                               "(connect failure)", "errno": 1007}], "jobs": []}  # fmt: skip
-        squeue_records(json.dumps(answer), lambda: "squeue --json (simulated)")  # raises, as for real
+        jobs_from_json(json.dumps(answer), lambda: "squeue --json (simulated)")  # raises, as for real
 
     def _lagging(self, job: SimJob) -> bool:
         """Right after an outage the queue lags: it lists none of the run's jobs yet (valid JSON,

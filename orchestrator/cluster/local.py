@@ -201,6 +201,9 @@ class LocalCluster:
             "InactiveLimit=0",
             "KillWait=5",
             "MinJobAge=600",  # finished jobs stay visible to squeue this long (no accounting here)
+            # Room for a real site's queue: the benchmark of bench/slurm_foreign_jobs.py holds
+            # 10,000 other jobs beside ours (SLURM's default, 10,000, would refuse ours).
+            "MaxJobCount=30000",
             # Job ids (and so MASTER_PORT = 10000 + id % 20000) differ between local clusters that
             # run at the same time on one machine (e.g. tests and the demo).
             f"FirstJobId={1 + (spec.ctld_port % 20) * 1000}",

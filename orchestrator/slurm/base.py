@@ -2,7 +2,8 @@
 
 Two backends implement it: real SLURM (`sbatch`/`squeue`/`scontrol`/`scancel`/`sacct` on PATH or
 with SLURM_CONF) and the mocked SLURM (a state file, no daemons). SLURM's states map to ours in one
-table (`job_state_from_slurm`) onto the contract's `orchestrator.contract.JobState`.
+table (`SLURM_STATE_TABLE`) onto the contract's `orchestrator.contract.JobState`; every answer
+of every release is read through `orchestrator.slurm.answers`.
 """
 
 from __future__ import annotations
@@ -13,19 +14,8 @@ from typing import Protocol
 
 from orchestrator.contract import TERMINAL_JOB_STATES, JobState  # noqa: F401 - re-exported
 
-
-def job_state_from_slurm(slurm_state: str) -> JobState:
-    """SLURM's state (long or short name, with any `+` or trailing words) as ours."""
-    key = slurm_state.strip().upper().split()[0].rstrip("+") if slurm_state.strip() else ""
-    try:
-        return SLURM_STATE_TABLE[key]
-    except KeyError:
-        raise ValueError(
-            f"unknown SLURM job state {slurm_state!r}: add it to SLURM_STATE_TABLE in orchestrator/slurm/base.py"
-        ) from None
-
-
-# The one table from SLURM's job states (long and short names) to ours.
+# The one table from SLURM's job states and state flags (long and short names) to ours
+# (answers.read_job_state picks the word, as SLURM's job_state_string() does).
 SLURM_STATE_TABLE: dict[str, JobState] = {
     "PENDING": JobState.PENDING, "PD": JobState.PENDING,
     "CONFIGURING": JobState.PENDING, "CF": JobState.PENDING,

@@ -27,8 +27,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .base import JobInfo, JobState, NodeInfo, SubmitRequest, job_state_from_slurm, sbatch_argv
-from .hostlist import expand_hostlist
+from .answers import jobs_from_json, jobs_from_text, json_filters
+from .base import JobInfo, JobState, NodeInfo, SubmitRequest, sbatch_argv
+from .mock_cli import mock_release, squeue_answer
 from .mock_core import (  # noqa: F401 - the mock's public names, re-exported
     DEFAULT_SCENARIO,
     NOT_SLURM,
@@ -38,24 +39,18 @@ from .mock_core import (  # noqa: F401 - the mock's public names, re-exported
     write_shims,
 )
 from .mock_exec import ExecutingMockSlurm
-from .real import HELD_REASONS, decode_wait_status
+from .release_shapes import FULL_RELEASE
 
 
-def job_info(job: dict[str, Any]) -> JobInfo:
-    state = job_state_from_slurm(job["state"])
-    held = job["reason"] in HELD_REASONS
-    if held and state == JobState.PENDING:
-        state = JobState.HELD
-    exit_code = signal = None
-    if state.is_terminal:
-        exit_code, signal = decode_wait_status(int(job["raw_exit"]))
-    running = bool(job["start_time"])
-    return JobInfo(
-        job_id=job["job_id"], name=job["name"], state=state,
-        nodes=expand_hostlist(job["nodelist"]) if running else [], exit_code=exit_code, signal=signal,
-        reason="" if job["reason"] == "None" else job["reason"], start_time=job["start_time"] or None,
-        end_time=job["end_time"] or None, held=held,
-    )  # fmt: skip
+def read_as_slurm(jobs: list[dict[str, Any]], selection: list[str]) -> list[JobInfo]:
+    """The jobs as the chosen release's squeue would say them, read back by the reading layer
+    (the same choice of form as SlurmScheduler), so that every release's shape is exercised."""
+    release = mock_release()
+    as_json = json_filters(release)
+    text = squeue_answer(jobs, release, as_json, ["squeue", *selection])
+    if as_json:
+        return jobs_from_json(text, lambda: text[:2000])
+    return jobs_from_text(text, FULL_RELEASE[release])
 
 
 class MockScheduler:
@@ -79,8 +74,9 @@ class MockScheduler:
         return self.slurm.submit(options, options.get("script", str(request.script)))
 
     def jobs(self, job_ids: list[str]) -> dict[str, JobInfo]:
-        self.slurm.record_command(["squeue", "--json"])
-        found = {j["job_id"]: job_info(j) for j in self.slurm.observe([str(j) for j in job_ids])}
+        selection = [f"--jobs={','.join(map(str, job_ids))}"]
+        self.slurm.record_command(["squeue", "--states=all", *selection])
+        found = {i.job_id: i for i in read_as_slurm(self.slurm.observe([str(j) for j in job_ids]), selection)}
         return {
             str(j): found.get(
                 str(j),
@@ -94,8 +90,9 @@ class MockScheduler:
         return {}
 
     def jobs_by_name(self, name: str) -> dict[str, JobInfo]:
-        self.slurm.record_command(["squeue", "--json"])
-        return {j["job_id"]: job_info(j) for j in self.slurm.observe() if j["name"] == name}
+        self.slurm.record_command(["squeue", "--states=all", f"--name={name}"])
+        named = [j for j in self.slurm.observe() if j["name"] == name]
+        return {i.job_id: i for i in read_as_slurm(named, [f"--name={name}"])}
 
     def cancel(self, job_ids: list[str], signal: str | None = None) -> None:
         self.slurm.record_command(

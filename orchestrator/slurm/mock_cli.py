@@ -3,9 +3,11 @@
 python -m orchestrator.slurm.mock shim-dir DIR [--state STATE_DIR] [--execute]
     write sbatch/squeue/scontrol/scancel/sacct/srun shims into DIR (put DIR first on PATH)
 python -m orchestrator.slurm.mock_cli {sbatch|squeue|scontrol|scancel|sacct|srun} ARGS...
-    what each shim runs; the output imitates SLURM 22.05 closely enough for
-    `SlurmScheduler` and for scripts that read `sbatch --parsable`, `squeue --json`,
-    `squeue -h -o FORMAT`, `scontrol show job -o`, `sacct -n -P -o ...`.
+    what each shim runs; the output imitates SLURM closely enough for `SlurmScheduler` and for
+    scripts that read `sbatch --parsable`, `squeue --json`, `squeue -h -o FORMAT`,
+    `squeue -h -O answers.SQUEUE_FORMAT`, `scontrol show job -o`, `sacct -n -P -o ...`.
+    `squeue --json`/`-O` answer in the shape of RUNCTL_MOCK_SLURM_RELEASE (22.05 ... 25.11,
+    default 22.05); like 22.05 to 23.11, `squeue --json` there ignores --jobs.
 """
 
 from __future__ import annotations
@@ -19,9 +21,21 @@ from typing import Any
 
 from orchestrator.errors import SchedulerError
 
+from .answers import SQUEUE_FORMAT, json_filters
 from .hostlist import expand_hostlist
-from .mock_core import NOT_SLURM, MockSlurm, parse_sbatch_args, write_shims
+from .mock_core import NOT_SLURM, TERMINAL, MockSlurm, parse_sbatch_args, write_shims
 from .mock_exec import ExecutingMockSlurm, run_job, srun_main
+from .release_shapes import (
+    DEFAULT_RELEASE,
+    FULL_RELEASE,
+    INFINITE,
+    ModelJob,
+    check_release,
+    json_answer,
+    text_line,
+)
+
+RELEASE_ENV = "RUNCTL_MOCK_SLURM_RELEASE"
 
 STATE_REASON_NONE = "None"
 
@@ -36,19 +50,30 @@ def _exit_pair(raw: int) -> str:
     return f"{(raw >> 8) & 0xFF}:{raw & 0x7F}"
 
 
-def _json_job(job: dict[str, Any]) -> dict[str, Any]:
-    """The fields of squeue --json (openapi v0.0.38, SLURM 22.05) that tools read."""
+def mock_release() -> str:
+    """The SLURM release the mock answers as (RUNCTL_MOCK_SLURM_RELEASE)."""
+    return check_release(os.environ.get(RELEASE_ENV, DEFAULT_RELEASE))
+
+
+def model_job(job: dict[str, Any]) -> ModelJob:
+    """A mock job as slurmctld would hold it."""
     running = bool(job["start_time"])
-    return {
-        "job_id": int(job["job_id"]), "name": job["name"], "job_state": job["state"],
-        "state_reason": job["reason"], "exit_code": int(job["raw_exit"]), "derived_exit_code": 0,
-        "nodes": job["nodelist"] if running else "", "node_count": job["num_nodes"],
-        "dependency": job["dependency"], "excluded_nodes": job["exclude"],
-        "start_time": int(job["start_time"]), "end_time": int(job["end_time"]),
-        "submit_time": int(job["submit_time"]), "command": job["script"],
-        "current_working_directory": job["cwd"], "priority": 0 if job["held"] else 1,
-        "batch_host": job["nodelist"].split(",")[0].split("[")[0] if running else "",
-    }  # fmt: skip
+    return ModelJob(
+        job_id=int(job["job_id"]), name=job["name"], user=os.environ.get("USER", "root"), state=job["state"],
+        reason=job["reason"], raw_exit=int(job["raw_exit"]), nodes=job["nodelist"] if running else "",
+        submit=int(job["submit_time"]), start=int(job["start_time"]),
+        end=int(job["end_time"]) if job["state"] in TERMINAL else INFINITE if running else 0,
+    )  # fmt: skip
+
+
+def squeue_answer(jobs: list[dict[str, Any]], release: str, as_json: bool, command: list[str]) -> str:
+    """What `squeue --json` or `squeue -h -O answers.SQUEUE_FORMAT` of `release` prints."""
+    models = [model_job(j) for j in jobs]
+    if as_json:
+        answer = json_answer(models, release, command)
+        answer["meta"]["mock"] = NOT_SLURM
+        return json.dumps(answer, indent=1)
+    return "".join(text_line(m, release) + "\n" for m in models)
 
 
 def _format_line(job: dict[str, Any], fmt: str) -> str:
@@ -105,15 +130,31 @@ def cmd_squeue(slurm: MockSlurm, argv: list[str]) -> int:
     parser.add_argument("-t", "--states", default=None)
     parser.add_argument("-a", "--all", action="store_true")
     parser.add_argument("--me", action="store_true")
+    parser.add_argument("-n", "--name", default=None)
+    parser.add_argument("-u", "--user", default=None)  # every mock job is the caller's
+    parser.add_argument("-O", "--Format", default=None)
+    parser.add_argument("-V", "--version", action="store_true")
     args = parser.parse_args(argv)
-    ids = args.jobs.split(",") if args.jobs else None
-    jobs = slurm.observe(ids)
-    if args.json:
-        print(json.dumps({"meta": {"plugin": {"type": "openapi/v0.0.38"}, "mock": NOT_SLURM}, "errors": [],
-                          "jobs": [_json_job(j) for j in jobs]}, indent=2))  # fmt: skip
+    release = mock_release()
+    if args.version:
+        print(f"slurm {FULL_RELEASE[release]}")
         return 0
-    if args.states is None or args.states.lower() != "all":
+    ids = args.jobs.split(",") if args.jobs else None
+    filtered = not args.json or json_filters(release)  # older releases' --json ignores filters
+    jobs = slurm.observe(ids if filtered else None)
+    if filtered and args.name:
+        jobs = [j for j in jobs if j["name"] == args.name]
+    if (
+        filtered
+        and (args.states is None or args.states.lower() != "all")
+        and not (args.jobs and not args.json)
+    ):
         jobs = [j for j in jobs if j["state"] in ("PENDING", "RUNNING", "COMPLETING")]
+    if args.json or args.Format:
+        if args.Format and args.Format != SQUEUE_FORMAT:
+            raise SchedulerError(f"mock-slurm squeue: only -O {SQUEUE_FORMAT} is emulated")
+        print(squeue_answer(jobs, release, args.json, ["squeue", *argv]), end="" if args.Format else "\n")
+        return 0
     if not args.noheader:
         print("JOBID NAME STATE NODELIST(REASON)")
     for job in jobs:

@@ -26,7 +26,7 @@ from orchestrator.config.slurm_time import slurm_time_seconds
 from orchestrator.contract import append_jsonl, atomic_write_json, read_json, read_jsonl
 from orchestrator.errors import SchedulerError
 
-from .base import job_state_from_slurm
+from .answers import SlurmAnswerError, read_job_state
 from .hostlist import compress_hostlist
 
 DEFAULT_SCENARIO: list[dict[str, Any]] = [
@@ -94,6 +94,17 @@ def parse_sbatch_args(argv: list[str], script_text: str = "") -> dict[str, str]:
     return options
 
 
+def check_state(slurm_state: str) -> None:
+    """ValueError unless the reading layer knows this SLURM job state."""
+    try:
+        read_job_state(slurm_state, "", "mock")
+    except SlurmAnswerError:
+        raise ValueError(
+            f"unknown SLURM job state {slurm_state!r} in a mock scenario: use SLURM's names "
+            f"(PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, ...)"
+        ) from None
+
+
 class MockSlurm:
     """The state machine and its state file. Thread-unsafe but process-safe (fcntl lock)."""
 
@@ -131,7 +142,7 @@ class MockSlurm:
     def push_scenario(self, steps: list[dict[str, Any]]) -> None:
         """Queue a scenario for the next submitted job (FIFO)."""
         for step in steps:
-            job_state_from_slurm(step["state"])  # refuse a typo now, not at the first poll
+            check_state(step["state"])  # refuse a typo now, not at the first poll
         with self.locked() as state:
             state["scenarios"].append(steps)
 
@@ -245,7 +256,7 @@ class MockSlurm:
         self, job_id: str, slurm_state: str, exit_code: int | None = None, reason: str = "None"
     ) -> None:
         """Test hook: put a job in a state now (the scenario stops driving it)."""
-        job_state_from_slurm(slurm_state)
+        check_state(slurm_state)
         with self.locked() as state:
             job = state["jobs"][str(job_id)]
             job["scenario"], job["step"], job["polls"] = [{"state": slurm_state, "polls": 10**9}], 0, 0

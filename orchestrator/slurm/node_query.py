@@ -1,9 +1,5 @@
-"""Reading SLURM's answers that must never be mistaken for good news.
+"""Reading SLURM's answers about nodes (its answers about jobs: `answers`).
 
-- `squeue --json`: slurmctld not answering is not an empty queue. Slurm 22.05's squeue, with
-  slurmctld stopped, waits ~30 s and exits 0 with `"errors": [{"source": "slurm_load_jobs", ...}]`
-  and `"jobs": []`. Any entry in `errors` makes the whole answer an outage (SchedulerError), so
-  that no job is ever judged ended from it.
 - `scontrol show node` (--json where the installed SLURM has it, else `-o`, one node a line):
   each node's state words, reason and partitions. The text is slurmctld's, but a reason is
   whatever an admin typed: names are checked against SLURM's node-name rule, every value is
@@ -19,44 +15,13 @@ from typing import Any
 
 from orchestrator.errors import SchedulerError
 
+from .answers import errors_text
 from .base import NodeInfo
 
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 STATE_WORD = re.compile(r"^[A-Z_]{1,32}$")
 MAX_REASON = 300
 MAX_NODES = 100_000
-
-
-def squeue_records(text: str, show: Callable[[], str]) -> list[dict[str, Any]]:
-    """The job records of a `squeue --json` answer; SchedulerError when it carries errors or is
-    not the expected shape (`show()` describes the command and its output)."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        raise SchedulerError(f"cannot parse squeue's JSON:\n{show()[:4000]}") from None
-    if not isinstance(data, dict):
-        raise SchedulerError(f"squeue's JSON is not an object:\n{show()[:4000]}")
-    errors = data.get("errors")
-    if errors:
-        # slurmctld did not answer (or answered in part): an outage, never an empty queue.
-        raise SchedulerError(f"squeue answered with errors (slurmctld unreachable?): {_errors_text(errors)}")
-    records = data.get("jobs")
-    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-        raise SchedulerError(f"squeue's JSON has no list of jobs:\n{show()[:4000]}")
-    return records
-
-
-def _errors_text(errors: Any) -> str:
-    items = errors if isinstance(errors, list) else [errors]
-    parts = []
-    for item in items[:5]:
-        if isinstance(item, dict):
-            parts.append(
-                " ".join(f"{k}={str(item[k])[:120]!r}" for k in ("source", "error", "errno") if k in item)
-            )
-        else:
-            parts.append(repr(item)[:200])
-    return "; ".join(parts) or repr(errors)[:300]
 
 
 def _states(words: Any) -> frozenset[str]:
@@ -91,7 +56,7 @@ def nodes_from_json(text: str, show: Callable[[], str]) -> dict[str, NodeInfo]:
     except json.JSONDecodeError:
         raise SchedulerError(f"cannot parse scontrol's node JSON:\n{show()[:2000]}") from None
     if not isinstance(data, dict) or data.get("errors"):
-        raise SchedulerError(f"scontrol show node answered with errors: {_errors_text(data.get('errors'))}")
+        raise SchedulerError(f"scontrol show node answered with errors: {errors_text(data.get('errors'))}")
     records = data.get("nodes")
     if not isinstance(records, list):
         raise SchedulerError(f"scontrol's node JSON has no list of nodes:\n{show()[:2000]}")
@@ -129,14 +94,24 @@ def nodes_from_text(text: str) -> dict[str, NodeInfo]:
     return out
 
 
+# Keys 24.11 prints after Reason on the same `-o` line (22.05 ends the line with Reason).
+AFTER_REASON = re.compile(r" (?:Comment|Extra|InstanceId|InstanceType|ReservationName)=")
+
+
 def _pairs(line: str) -> dict[str, str]:
-    """Key=Value pairs of one line; a value may hold spaces (Reason, OS), so a new key starts only
-    at ` Key=` with a known-looking key; Reason, last in 22.05, takes the rest of the line."""
+    """Key=Value pairs of one line. A value may hold spaces (Reason, OS), so a new key starts only
+    at whitespace followed by `Key=`; SLURM puts one or two spaces between pairs (`Partitions=debug
+    BootTime=` has two on 22.05 and 24.11), so values are stripped. Reason, an admin's free text,
+    runs to the end of the line or to a key 24.11 prints after it."""
     head, sep, reason = line.partition(" Reason=")
+    if sep:
+        after = AFTER_REASON.search(reason)
+        if after:
+            head, reason = f"{head} {reason[after.start() :]}", reason[: after.start()]
     out: dict[str, str] = {}
-    for part in re.split(r" (?=[A-Za-z][A-Za-z0-9/:_]*=)", head.strip()):
+    for part in re.split(r"\s+(?=[A-Za-z][A-Za-z0-9/:_]*=)", head.strip()):
         key, _, value = part.partition("=")
-        out.setdefault(key, value)
+        out.setdefault(key, value.strip())
     if sep:
         out["Reason"] = reason.strip()
     return out

@@ -1,42 +1,51 @@
-"""The real SLURM backend: drives `sbatch`, `squeue --json`, `scontrol`, `scancel` and `sacct`.
+"""The real SLURM backend: drives `sbatch`, `squeue`, `scontrol`, `scancel` and `sacct`.
 
-Every command's output is parsed strictly: anything unexpected raises SchedulerError carrying the
-command and its full output, never a guess. Works unchanged against the mocked SLURM's shims
-(`python -m orchestrator.slurm.mock shim-dir DIR` + PATH), which is how CI exercises it.
+Every command's output is parsed strictly (`answers`): anything unexpected raises SchedulerError
+carrying the command and its output, never a guess. Works unchanged against the mocked SLURM's
+shims (`python -m orchestrator.slurm.mock shim-dir DIR` + PATH), which is how CI exercises it.
+
+One squeue a pass, asking only for the run's jobs by id, in the form whose filters the installed
+release honours: `squeue --json` applies `--jobs`/`--name` only from 24.05 on (22.05 to 23.11
+print every job slurmctld knows, megabytes on a busy site), so those releases are asked in text
+(`squeue -h -O`, whose filters every release honours). The release is `squeue --version`'s, asked
+once per scheduler (it asks slurmctld for no jobs; it needs the config, from SLURM_CONF or, on a
+configless site, from slurmctld).
 """
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import subprocess
 from collections.abc import Sequence
 
 from orchestrator.errors import SchedulerError
 
-from .base import JobInfo, JobState, NodeInfo, SubmitRequest, job_state_from_slurm, sbatch_argv
-from .hostlist import expand_hostlist
-from .node_query import nodes_from_json, nodes_from_text, squeue_records
+from .answers import (  # noqa: F401 - decode_wait_status re-exported
+    JSON_FILTERS_FROM,
+    SQUEUE_FORMAT,
+    decode_wait_status,
+    jobs_from_json,
+    jobs_from_text,
+    read_exit,
+    read_job_state,
+    read_nodes,
+)
+from .base import JobInfo, JobState, NodeInfo, SubmitRequest, sbatch_argv
+from .node_query import nodes_from_json, nodes_from_text
 
-# scontrol hold reasons that mean "held", whatever the job state says.
-HELD_REASONS = {"JobHeldUser", "JobHeldAdmin"}
 SIGNAL_NAME = re.compile(r"^(SIG)?[A-Z0-9]{1,8}$")
 JOB_ID = re.compile(r"^\d+(_\d+)?$")
+JOB_NAME = re.compile(r"^[A-Za-z0-9_.+\-]{1,200}$")
+RELEASE = re.compile(r"^slurm(?:-wlm)? (\d+)\.(\d+)(?:\.\S+)?$")
+# squeue asked for a single job that slurmctld has forgotten (older than MinJobAge): not an outage.
+FORGOTTEN_JOB = "Invalid job id specified"
 
 
 def _show(args: Sequence[str], proc: subprocess.CompletedProcess[str]) -> str:
     out = (proc.stdout or "").strip()
     err = (proc.stderr or "").strip()
     return f"`{' '.join(args)}` exited {proc.returncode}\n  stdout: {out or '(empty)'}\n  stderr: {err or '(empty)'}"
-
-
-def decode_wait_status(raw: int) -> tuple[int | None, int | None]:
-    """squeue --json gives the batch script's raw wait status: exit code in the high byte, the
-    terminating signal in the low 7 bits. Returns (exit_code, signal)."""
-    sig = raw & 0x7F
-    if sig:
-        return 128 + sig, sig
-    return (raw >> 8) & 0xFF, None
 
 
 class SlurmScheduler:
@@ -52,11 +61,14 @@ class SlurmScheduler:
         self.env = dict(env) if env is not None else None
         self.timeout = timeout
         self._accounting: bool | None = None  # learnt on first sacct call
+        self._release: tuple[int, int] | None = None  # learnt on first squeue call
 
-    def _run(self, args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    def _run(
+        self, args: list[str], check: bool = True, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         try:
             proc = subprocess.run(
-                args, env=self.env, capture_output=True, text=True, timeout=self.timeout, check=False
+                args, env=env or self.env, capture_output=True, text=True, timeout=self.timeout, check=False
             )
         except FileNotFoundError:
             raise SchedulerError(
@@ -87,7 +99,7 @@ class SlurmScheduler:
         wanted = [str(j) for j in job_ids]
         if not wanted:
             return {}
-        found = self._squeue_json(wanted)
+        found = self._squeue_ids(wanted)
         missing = [j for j in wanted if j not in found]
         if missing:
             found.update(self._sacct(missing))
@@ -103,24 +115,56 @@ class SlurmScheduler:
     def jobs_by_name(self, name: str) -> dict[str, JobInfo]:
         """Every job slurmctld still knows under this job name (the controller uses it to adopt a
         job whose submission it did not see finish)."""
-        return {j: info for j, info in self._squeue_json(None).items() if info.name == name}
+        if not JOB_NAME.match(name):
+            raise SchedulerError(f"not a job name we submit: {name!r} (letters, digits, _.+-)")
+        return {j: info for j, info in self._squeue([f"--name={name}"]).items() if info.name == name}
 
-    def _squeue_json(self, wanted: list[str] | None) -> dict[str, JobInfo]:
-        # `squeue --json` in 22.05 ignores filters and lists every job slurmctld still knows
-        # (finished ones for MinJobAge seconds): filter here.
-        args = ["squeue", "--json"]
-        proc = self._run(args)
-        out: dict[str, JobInfo] = {}
-        for record in squeue_records(proc.stdout, lambda: _show(args, proc)):
-            try:
-                info = self._job_from_json(record)
-            except (KeyError, TypeError, ValueError) as exc:
+    def _squeue_ids(self, wanted: list[str]) -> dict[str, JobInfo]:
+        # One id: slurmctld looks up that job alone (its cost does not grow with the queue).
+        # Several: squeue loads every job and keeps ours; the answer stays ours alone, but
+        # slurmctld walks its whole job list (bench/slurm_foreign_jobs.py; --user does not
+        # spare that walk on 22.05, measured there too).
+        found = self._squeue([f"--jobs={','.join(wanted)}"])
+        return {j: info for j, info in found.items() if j in wanted}
+
+    def slurm_release(self) -> tuple[int, int]:
+        """(major, minor) of the installed SLURM, from `squeue --version` (no slurmctld call)."""
+        if self._release is None:
+            args = ["squeue", "--version"]
+            proc = self._run(args)
+            match = RELEASE.match(proc.stdout.strip())
+            if not match:
                 raise SchedulerError(
-                    f"unexpected job record in squeue's JSON ({exc}):\n{json.dumps(record)[:2000]}"
-                ) from None
-            if wanted is None or info.job_id in wanted:
-                out[info.job_id] = info
-        return out
+                    f"cannot read SLURM's release from `squeue --version`:\n{_show(args, proc)}"
+                )
+            self._release = (int(match.group(1)), int(match.group(2)))
+        return self._release
+
+    def _squeue(self, selection: list[str]) -> dict[str, JobInfo]:
+        """One squeue for the selected jobs, in every state, in the form this release filters."""
+        release = self.slurm_release()
+        release_text = f"{release[0]}.{release[1]:02d}"
+        if release >= JSON_FILTERS_FROM:
+            args = ["squeue", "--json", "--states=all", *selection]
+        else:
+            args = ["squeue", "--noheader", "--states=all", *selection, f"--Format={SQUEUE_FORMAT}"]
+        env = dict(self.env if self.env is not None else os.environ, SLURM_TIME_FORMAT="%s")
+        proc = self._run(args, check=False, env=env)
+        if proc.returncode != 0:
+            if FORGOTTEN_JOB in proc.stderr:
+                return {}
+            if not (proc.stdout.strip() or proc.stderr.strip()):
+                # 24.11 with slurmctld down: ~30 s, then exit 1 and not a word. An outage.
+                raise SchedulerError(
+                    f"`{' '.join(args)}` exited {proc.returncode} with no output: slurmctld is not "
+                    f"answering (check `scontrol ping`); no job is judged from this"
+                )
+            raise SchedulerError(_show(args, proc))
+        if release >= JSON_FILTERS_FROM:
+            infos = jobs_from_json(proc.stdout, lambda: _show(args, proc))
+        else:
+            infos = jobs_from_text(proc.stdout, release_text)
+        return {info.job_id: info for info in infos}
 
     def nodes(self) -> dict[str, NodeInfo]:
         """`scontrol show node --json` where this SLURM has it, else its one-line text form."""
@@ -131,32 +175,6 @@ class SlurmScheduler:
         args = ["scontrol", "show", "node", "-o"]
         proc = self._run(args)
         return nodes_from_text(proc.stdout)
-
-    @staticmethod
-    def _job_from_json(record: dict) -> JobInfo:
-        job_id = str(record["job_id"])
-        state = job_state_from_slurm(str(record["job_state"]))
-        reason = str(record.get("state_reason") or "")
-        held = reason in HELD_REASONS
-        if held and state == JobState.PENDING:
-            state = JobState.HELD
-        exit_code = signal = None
-        if state.is_terminal and record.get("exit_code") is not None:
-            exit_code, signal = decode_wait_status(int(record["exit_code"]))
-        nodes = expand_hostlist(record["nodes"]) if record.get("nodes") else []
-
-        def stamp(key: str) -> float | None:
-            value = record.get(key)
-            return float(value) if value else None
-
-        end = stamp("end_time") if state.is_terminal else None
-        # SLURM stamps start_time = end_time on a job cancelled while pending: no nodes, never started.
-        start = stamp("start_time") if nodes else None
-        return JobInfo(
-            job_id=job_id, name=str(record.get("name", "")), state=state, nodes=nodes, exit_code=exit_code,
-            signal=signal, reason="" if reason == "None" else reason, start_time=start,
-            end_time=end, held=held, user=str(record.get("user_name") or ""), submit_time=stamp("submit_time"),
-        )  # fmt: skip
 
     def _sacct(self, job_ids: list[str]) -> dict[str, JobInfo]:
         """End states of jobs squeue forgot; {} when accounting is not configured."""
@@ -187,12 +205,12 @@ class SlurmScheduler:
             if len(fields) != 5 or ":" not in fields[3]:
                 raise SchedulerError(f"cannot parse sacct line {line!r}:\n{_show(args, proc)}")
             job_id, name, state, exit_pair, nodelist = fields
-            code, sig = exit_pair.split(":", 1)
-            info_state = job_state_from_slurm(state)
+            # sacct says "CANCELLED by 1000": the state is the first word.
+            info_state, _ = read_job_state(state.split()[0] if state.strip() else "", "", "sacct")
+            code, sig = read_exit(exit_pair, "sacct")
             out[job_id] = JobInfo(
-                job_id=job_id, name=name, state=info_state,
-                nodes=expand_hostlist(nodelist) if nodelist and nodelist != "None assigned" else [],
-                exit_code=(128 + int(sig)) if int(sig) else int(code), signal=int(sig) or None,
+                job_id=job_id, name=name, state=info_state, nodes=read_nodes(nodelist, "sacct"),
+                exit_code=code, signal=sig,
             )  # fmt: skip
         return out
 
@@ -236,13 +254,14 @@ class SlurmScheduler:
 
 def parse_scontrol_record(text: str, args: Sequence[str] = ("scontrol",)) -> dict[str, str]:
     """One `scontrol show ... -o` line (Key=Value Key=Value ...) to a dict. Values may contain
-    spaces (Command=...), so a new key starts only at ` Word=`."""
+    spaces (Command=...), so a new key starts only at whitespace followed by `Word=`."""
     line = text.strip().splitlines()[0] if text.strip() else ""
     if "=" not in line:
         raise SchedulerError(
             f"cannot parse scontrol's answer as Key=Value pairs: `{' '.join(args)}` printed {text!r}"
         )
-    parts = re.split(r" (?=[A-Za-z][A-Za-z0-9/:_]*=)", line)
+    # SLURM puts two spaces between some pairs (`Partitions=debug  BootTime=`).
+    parts = re.split(r"\s+(?=[A-Za-z][A-Za-z0-9/:_]*=)", line)
     out: dict[str, str] = {}
     for part in parts:
         key, _, value = part.partition("=")

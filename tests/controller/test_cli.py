@@ -39,8 +39,10 @@ def mock_run(tmp_path):
     return run_dir, env
 
 
-def test_watch_once_follows_a_mock_job_to_the_end(mock_run):
+@pytest.mark.parametrize("release", ["22.05", "24.11"])  # squeue's text; --json with lists and objects
+def test_watch_once_follows_a_mock_job_to_the_end(mock_run, release):
     run_dir, env = mock_run
+    env = {**env, "RUNCTL_MOCK_SLURM_RELEASE": release}
     statuses = [json.loads(runctl("watch", str(run_dir), "--once", "--json", env=env).stdout)["status"] for _ in range(5)]
     print(statuses)
     assert statuses[0] in ("waiting", "running") and statuses[-1] == "finished"

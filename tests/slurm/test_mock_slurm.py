@@ -111,7 +111,7 @@ def test_hold_release_cancel_and_exclude(mock_slurm_dir, tmp_path):
         "scontrol update",
         "scontrol release",
         "scancel --signal=USR1",
-        "squeue --json",
+        "squeue --states=all",
     ):
         assert expected in commands
 
@@ -181,7 +181,9 @@ def test_execute_mode_runs_the_rendered_script_with_srun_tasks(mock_slurm_dir, t
     print(out)
     assert "NOT SLURM" in out
     # Every rank gets the address and port the job's launcher announced for launch 0.
-    port = re.search(r"runctl launcher: launch 0 on .* MASTER_ADDR=127\.0\.0\.1 MASTER_PORT=(\d+)", out).group(1)
+    port = re.search(
+        r"runctl launcher: launch 0 on .* MASTER_ADDR=127\.0\.0\.1 MASTER_PORT=(\d+)", out
+    ).group(1)
     for rank in range(4):
         assert (
             f"task {rank}/4 local=0 node={rank} host=node0{rank + 1} nnodes=4 list=node[01-04] job={job} master=127.0.0.1:{port}"
@@ -228,3 +230,35 @@ def test_execute_mode_time_limit_sends_the_warning_signal_then_times_out(mock_sl
     assert marker.exists(), "the pre-timeout signal must reach the task"
     # the task saved and left with 18 before the limit: the job ends FAILED(18), not TIMEOUT
     assert (info.state, info.exit_code) == (JobState.FAILED, 18)
+
+
+@pytest.mark.parametrize("release", ["22.05", "23.02", "23.11", "24.05", "24.11", "25.05", "25.11"])
+def test_every_release_shape_reads_to_the_same_jobs(mock_slurm_dir, tmp_path, monkeypatch, release):
+    """The mock answers in RUNCTL_MOCK_SLURM_RELEASE's shape; the in-process scheduler and the
+    real backend over the shims (which picks text or --json by `squeue --version`) read the same."""
+    monkeypatch.setenv("RUNCTL_MOCK_SLURM_RELEASE", release)
+    sched = MockScheduler(mock_slurm_dir)
+    sched.slurm.push_scenario([{"state": "RUNNING", "polls": 1}, {"state": "FAILED", "exit_code": 3}])
+    failing = sched.submit(SubmitRequest(script=script(tmp_path), job_name="a"))
+    held = sched.submit(SubmitRequest(script=script(tmp_path), job_name="a", hold=True))
+    sched.slurm.push_scenario([{"state": "RUNNING", "polls": 10**6}])
+    running = sched.submit(SubmitRequest(script=script(tmp_path), job_name="b"))
+    assert states(sched, [failing, held, running]) == [JobState.RUNNING, JobState.HELD, JobState.RUNNING]
+    sched.cancel([running])
+    readers = [sched]
+    if release in ("22.05", "24.11", "25.11"):  # text, --json with a list status, text EXIT:SIGNAL
+        write_shims(tmp_path / "bin", mock_slurm_dir)
+        readers.append(SlurmScheduler(env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}))
+    for reader in readers:
+        infos = reader.jobs([failing, held, running, "999"])
+        got = {j: (i.state, i.exit_code, i.signal, i.held) for j, i in infos.items()}
+        assert got == {
+            failing: (JobState.FAILED, 3, None, False),
+            held: (JobState.HELD, None, None, True),
+            running: (JobState.CANCELLED, 143, 15, False),
+            "999": (JobState.UNKNOWN, None, None, False),
+        }, (release, reader.name)
+        assert infos[running].nodes == ["node01", "node02"] and infos[running].end_time
+    assert sorted(readers[-1].jobs_by_name("a")) == sorted([failing, held])
+    if len(readers) == 2:
+        assert readers[1].slurm_release()[0] == int(release[:2])
