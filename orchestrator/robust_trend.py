@@ -2,17 +2,18 @@
 window's noise.
 
 The trend at step t, from the `window` values before it:
-- level: the median of the newest `level_count` values (max(5, window // 10)), at their median step;
-- slope: the resistant line of the window's newer half: through the (median step, median value)
-  points of its two quarters (Brown and Mood's two-group line);
+- level: the median of the newest max(5, window // 20) values, at their median step;
+- slope: the line through the (median step, median value) points of the window's last two quarters
+  (groups of max(5, window // 4) values: Brown and Mood's two-group resistant line);
 - trend(t) = level + slope x (t - the level's step).
 Half the values of any group can be anything (a spike, bad batches) without moving it. The level is
 taken close to t because a loss curve bends: a straight line fitted over the whole window and
 extrapolated lies below a steep, flattening descent (the loss after warm-up) by about
 f''/2 x (distance to its older anchor) x (distance to its newer anchor), several noise widths;
 from the newest values, the bend costs f'' x ~6 steps x the distance between the slope's and the
-level's centres. The price is noise: the level, a median of 10 values, carries 0.4 of the noise's
-standard deviation.
+level's centres. The price is noise: the level, a median of 5 values, carries about 0.55 of the
+noise's standard deviation. Each median is of at least 5 values, so that 2 spiking steps in a group
+do not move it.
 
 The spread: the noise's standard deviation, estimated from the window's first differences:
 1.4826 x MAD(differences) / sqrt(2) (for independent normal noise, a difference has sqrt(2) x its
@@ -70,7 +71,13 @@ def _median_of_sorted(values: Sequence[float]) -> float:
 
 
 def level_count(window: int) -> int:
+    """Values of the level: a median of at least 5 ignores 2 spiking steps among them."""
     return max(5, window // 20)
+
+
+def slope_group_count(window: int) -> int:
+    """Values of each of the slope's two groups: a quarter of the window, at least 5 (as the level)."""
+    return max(5, window // 4)
 
 
 class SlidingTrend:
@@ -80,12 +87,19 @@ class SlidingTrend:
     `fit()` adds the spread and the whole window's slope."""
 
     def __init__(self, steps: Sequence[int], values: Sequence[float], window: int) -> None:
-        if window < 8:
-            raise ValueError(f"a trend window needs at least 8 values (two a quarter), got {window}")
+        if window < 10:
+            raise ValueError(
+                f"a trend window needs at least 10 values (two groups of 5 for its slope), got {window}"
+            )
         self.steps, self.values, self.window = steps, values, window
-        half, quarter = window // 2, window - (window - window // 2) // 2
-        # (lo, hi) of each group, relative to the window's start: quarters 3 and 4, the level's values
-        self.groups = ((half, quarter), (quarter, window), (window - level_count(window), window))
+        slope_group = slope_group_count(window)
+        # (lo, hi) of each group, relative to the window's start: the slope's older and newer group
+        # (the window's quarters 3 and 4), the level's values
+        self.groups = (
+            (window - 2 * slope_group, window - slope_group),
+            (window - slope_group, window),
+            (window - level_count(window), window),
+        )
         self.sorted = [sorted(values[lo:hi]) for lo, hi in self.groups]
         self.start = 0  # the window is values[start : start + window]
 

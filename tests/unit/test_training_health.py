@@ -43,9 +43,9 @@ def records(losses, grad_norms=None, skipped=(), start=1, batch=8):
 
 
 # -- loss spike ---------------------------------------------------------------------------------
-# Window 10 (steps 1-10): the slope is the line through the medians of its quarters 3 and 4 (steps
-# 6-8: 3.00 3.02 2.98 -> 3.00 at step 7; steps 9-10: 3.01 2.99 -> 3.00 at 9.5): 0. The level is the
-# median of the newest 5 (steps 6-10: 3.00 at step 8): the trend at step 11 is 3.00. First
+# Window 10 (steps 1-10): the slope is the line through the medians of its two groups of 5 (steps
+# 1-5: 3.00 3.02 2.98 3.01 2.99 -> 3.00 at step 3; steps 6-10: the same -> 3.00 at 8): 0. The level
+# is the median of the newest 5 (3.00 at step 8): the trend at step 11 is 3.00. First
 # differences .02 -.04 .03 -.02 .01 .02 -.04 .03 -.02: median .01, |d - .01| sorted 0 .01 .01 .02
 # .02 .03 .03 .05 .05 -> MAD .02; spread 1.4826 x .02 / sqrt(2) = 0.020967; 5 spreads = 0.104835 >
 # the 0.1 floor: threshold 3.104835.
