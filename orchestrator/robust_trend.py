@@ -4,7 +4,8 @@ window's noise.
 The trend at step t, from the `window` values before it:
 - level: the median of the newest max(5, window // 20) values, at their median step;
 - slope: the line through the (median step, median value) points of the window's last two quarters
-  (groups of max(5, window // 4) values: Brown and Mood's two-group resistant line);
+  (groups of max(min(10, window // 2), window // 4) values: Brown and Mood's two-group resistant
+  line);
 - trend(t) = level + slope x (t - the level's step).
 Half the values of any group can be anything (a spike, bad batches) without moving it. The level is
 taken close to t because a loss curve bends: a straight line fitted over the whole window and
@@ -12,8 +13,9 @@ extrapolated lies below a steep, flattening descent (the loss after warm-up) by 
 f''/2 x (distance to its older anchor) x (distance to its newer anchor), several noise widths;
 from the newest values, the bend costs f'' x ~6 steps x the distance between the slope's and the
 level's centres. The price is noise: the level, a median of 5 values, carries about 0.55 of the
-noise's standard deviation. Each median is of at least 5 values, so that 2 spiking steps in a group
-do not move it.
+noise's standard deviation. A median ignores spiking steps that are fewer than half its values:
+a spike of 4 steps must not tilt the slope of the windows after it (a tilted slope would put the
+trend below the clean steps that follow).
 
 The spread: the noise's standard deviation, estimated from the window's first differences:
 1.4826 x MAD(differences) / sqrt(2) (for independent normal noise, a difference has sqrt(2) x its
@@ -76,8 +78,9 @@ def level_count(window: int) -> int:
 
 
 def slope_group_count(window: int) -> int:
-    """Values of each of the slope's two groups: a quarter of the window, at least 5 (as the level)."""
-    return max(5, window // 4)
+    """Values of each of the slope's two groups: a quarter of the window, and 10 where the window
+    has room (a median of 10 ignores a spike of 4 steps; of 5, a window of 10's halves, 2 steps)."""
+    return max(min(10, window // 2), window // 4)
 
 
 class SlidingTrend:

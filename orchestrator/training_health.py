@@ -11,31 +11,43 @@ keeps the history that led to the newest record (a step that is not above the on
 the history back to before that step), and every rule reads the lineage only.
 
 Rules. A "valid" step has a finite loss and was not skipped; windows count valid steps.
+The spike and explosion rules judge a step's distance from the curve's own trend, in units of the
+noise around it, not its level against the window's spread: on a falling curve the window's
+spread is mostly descent (the demo's steps 14-33 fall 8.28 -> 7.74: median 8.06, MAD 0.165, so
+median + 6 x 1.4826 x MAD = 9.53 misses a +10% spike; the step-to-step noise is ~0.04).
+- the trend (orchestrator/robust_trend.py): over the `spike_window` valid steps before step t, a
+  level (the median of the newest max(5, W/20) values) and a slope (the resistant line through the
+  medians of the window's last two quarters), extrapolated to t; the spread: the noise's standard
+  deviation from the window's first differences, 1.4826 x MAD(differences) / sqrt(2);
 - loss spike: from an onset step t on, the loss is above
-      threshold = m + max(spike_mad_k * 1.4826 * MAD, spike_min_rise)
-  for `spike_consecutive` consecutive valid steps, where m and MAD are the median and the median
-  absolute deviation of the `spike_window` valid losses before t (1.4826 * MAD estimates the
-  standard deviation of normal noise; the baseline is frozen at the onset so that the spike does
-  not raise its own bar; no judgement before a full window). The episode ends at the first valid
-  step back under the threshold; the next spike is a new finding.
-- grad-norm explosion: the grad norm is above grad_norm_factor x the median of the
-  `grad_norm_window` grad norms before the onset, for `grad_norm_consecutive` consecutive valid
-  steps (a ratio, not a MAD: grad norms are skewed and a person reads "12x its median" at once).
+      threshold = trend(t) + max(spike_mad_k x spread, spike_min_rise)
+  for `spike_consecutive` consecutive valid steps (the floor spike_min_rise keeps a flat,
+  noiseless curve from alarming on rounding; no judgement before a full window). The trend and
+  the spread are frozen at the onset, so that the spike does not raise its own bar; the episode
+  ends at the first valid step back under the threshold, or after max(consecutive, W/2) steps (a
+  trend extrapolated further is a guess); the next spike is a new finding.
+- grad-norm explosion: the same on log(grad norm) over `grad_norm_window`, with the margin
+  max(grad_norm_mad_k x spread, log(grad_norm_factor)): at least grad_norm_factor x the trend, for
+  `grad_norm_consecutive` consecutive valid steps (a ratio to a trend: grad norms fall early on).
 - NaN/Inf skip storm: more than `skip_storm_max` skipped steps among the last `skip_storm_window`
   steps; onset = the first skipped step of that window; one finding until the count is back to
   at most skip_storm_max.
 - slow divergence: over the last `divergence_window` valid steps of the lineage (judged at its end
-  only: it is a state, not an event), the median loss of the newer half minus the median of the
-  older half exceeds `divergence_min_rise`. Medians of halves: a trend that ignores spikes, and a
-  healthy curve (falling, or flat with noise) never rises by several standard errors of a median.
-Each finding carries the numbers a person needs (value, baseline, threshold, steps) and a sentence.
+  only: it is a state, not an event), the resistant line through the medians of the window's older
+  and newer halves rises by more than `divergence_min_rise` from the window's first step to its
+  last. Medians of halves ignore spikes; a healthy curve (falling, or flat with noise) has a line
+  that falls, or rises by a few standard errors of a median (~0.003 for 500 steps of 1% noise).
+Each finding carries the numbers a person needs (value, baseline = the trend, threshold, steps), a
+sentence, and for the trend rules a `TrendJudgement`: the trend, its slope, the spread, the margin
+and the distance above the trend in spreads.
 
-Cost: one pass is O(N x W) for N records and a window W (the window slides as a sorted list; the
-MAD is computed only for a loss already above m + spike_min_rise): 3,000 steps in ~25 ms on the
-2-core CI machine (tests/unit/test_training_health.py prints it), so ~0.25 s for a month of
-BLOOM's steps (~30k). `since_step` keeps the findings whose rule was met
-after that step (the controller passes the last step it judged), over the whole lineage, so an
-episode that straddles two passes is found once, when its rule is met.
+Cost: one pass is O(N x W) for N records and a window W, the W part a memmove in C: the trend's
+medians come from sorted groups kept as the window slides; the spread (O(W log W)) is computed only for a value already
+above the trend + the floor. 3,000 steps (every rule) in ~15 ms on the 2-core CI machine
+(bench/spike_sensitivity.py writes the figure), so ~0.15 s for a month of BLOOM's steps (~30k).
+`since_step` keeps the findings whose rule was met after that step (the controller passes the
+last step it judged), over the whole lineage, so an episode that straddles two passes is found
+once, when its rule is met.
 
 Rollback planner (`plan_rollback`): the newest verified checkpoint with step <= onset - 1 -
 rollback_margin_steps whose consumed_samples agree with the lineage (a checkpoint of an abandoned
@@ -116,12 +128,14 @@ def _valid(record: StepMetrics) -> bool:
 # -- the rules --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TrendJudgement:
-    """What a residual rule compared a value with: the trend at the onset (the window's resistant
-    line, extrapolated), the residuals' robust spread, the margin above the trend the value had to
-    pass (the threshold is trend + margin) and how far above the trend it was, in spreads."""
+    """What a trend rule compared a value with: the trend at `trend_step` (the onset; the window's
+    first step for divergence), its slope, the spread of the noise around it, the margin above the
+    trend the value had to pass (the threshold is trend + margin) and how far above the trend it
+    was, in spreads. In log units for the grad-norm rule."""
 
     trend: float
-    slope: float  # per step, of the trend (log grad norm per step for the grad-norm rule)
+    trend_step: int
+    slope: float  # per step
     spread: float
     margin: float
     spreads: float  # (value - trend) / spread; inf for a noiseless window
@@ -130,6 +144,7 @@ class TrendJudgement:
     def as_dict(self) -> dict[str, Any]:
         return {
             "trend": _round(self.trend),
+            "trend_step": self.trend_step,
             "trend_slope": _round(self.slope),
             "residual_spread": _round(self.spread),
             "margin": _round(self.margin),
@@ -151,7 +166,7 @@ class Episode(NamedTuple):
         trend = self.fit.at(self.onset)
         spreads = (self.value - trend) / self.fit.spread if self.fit.spread > 0 else math.inf
         return TrendJudgement(
-            trend, self.fit.slope, self.fit.spread, self.margin, spreads, self.fit.window_steps
+            trend, self.onset, self.fit.slope, self.fit.spread, self.margin, spreads, self.fit.window_steps
         )
 
 
@@ -353,7 +368,7 @@ def divergence(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> lis
     start, end = fit.window_line_at(first), fit.window_line_at(last)
     spreads = rise / fit.spread if fit.spread > 0 else math.inf
     judged = TrendJudgement(
-        start, fit.window_slope, fit.spread, cfg.divergence_min_rise, spreads, fit.window_steps
+        start, first, fit.window_slope, fit.spread, cfg.divergence_min_rise, spreads, fit.window_steps
     )
     return [
         HealthFinding(

@@ -116,13 +116,16 @@ def test_the_clean_demo_curve_has_no_finding(runs):
 
 def test_a_ten_percent_data_spike_is_found_against_the_trend_and_rolled_back_for_good(runs):
     clean, spiked = runs
-    first_records = {}
+    first_history: dict[int, float] = {}  # the steps the first job trained, before the rollback
     for record in read_jsonl(spiked.metrics):
-        first_records.setdefault(record["step"], record["loss"])  # the first history's losses
+        if first_history and record["step"] <= max(first_history):
+            break
+        first_history[record["step"]] = record["loss"]
     clean_losses = kept_losses(clean)
-    rise = {s: round(first_records[s] / clean_losses[s] - 1, 4) for s in range(30, 40)}
-    print(f"poisoned / clean - 1, steps 30-39 of the first history: {rise}")
-    assert all(0.05 < rise[s] < 0.15 for s in range(34, 38)), "the poison must make a ~10% spike"
+    rise = {s: round(first_history[s] / clean_losses[s] - 1, 4) for s in range(30, max(first_history) + 1)}
+    print(f"poisoned / clean - 1 over the first history from step 30 (stopped after {max(first_history)}): {rise}")
+    assert max(first_history) >= 35 and all(0.05 < rise[s] < 0.15 for s in range(34, min(38, max(first_history) + 1)))
+    assert all(abs(rise[s]) < 0.01 for s in range(30, 34)), "the poison must change nothing before step 34"
     [finding] = of_kind(spiked, "health_finding")
     print(finding["message"])
     assert (finding["finding"], finding["onset_step"], finding["met_step"], finding["policy"]) == (

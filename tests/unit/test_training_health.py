@@ -78,10 +78,11 @@ def test_a_ten_percent_spike_on_a_falling_curve_is_found():
     # Shaped like the demo's curve at steps 14-37: falling 0.028 a step with noise of +-0.03, then
     # steps 34-37 at +10% (+0.77). Window 20 before step 34: the median of its levels is ~0.27 above
     # the trend at step 34 and their MAD is ~0.14 (mostly the descent), so median + 6 x 1.4826 x MAD
-    # lies ~1.5 above the trend. The trend: quarters 3-4 give the slope -0.028, the newest 5 the level;
-    # the noise spread from differences is ~0.04: the spike is ~20 spreads.
+    # lies ~1.5 above the trend. The trend: two groups of 10 give the slope -0.028, the newest 5 the level;
+    # the noise spread from differences is ~0.04: the spike is ~20 spreads. The steps after it, up to
+    # 70, are no spike: the windows that hold the spike keep their slope (medians of 10).
     noise = [0.03, -0.03, 0.01, -0.01]
-    clean = [8.3 - 0.028 * step + noise[step % 4] for step in range(1, 41)]
+    clean = [8.3 - 0.028 * step + noise[step % 4] for step in range(1, 71)]
     spiked = [loss * 1.10 if 34 <= step <= 37 else loss for step, loss in enumerate(clean, start=1)]
     cfg = HealthConfig(spike_window=20, spike_consecutive=2)
     assert assess(records(clean), cfg) == []
@@ -244,3 +245,6 @@ def test_config_refuses_an_lr_cut_without_steps():
         HealthConfig(lr_scale=0.5)
     with pytest.raises(ValueError, match="policy.loss_spike"):
         HealthConfig(policy={"loss_spike": "panic"})
+    with pytest.raises(ValueError, match="spike_trend_k"):
+        HealthConfig(spike_trend_k=5)  # unknown keys stay errors
+    assert HealthConfig().grad_norm_mad_k == 6.0 and HealthConfig().spike_mad_k == 5.0
