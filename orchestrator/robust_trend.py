@@ -7,7 +7,7 @@ The trend at step t, from the `window` values before it:
   (groups of max(min(10, window // 2), window // 4) values: Brown and Mood's two-group resistant
   line);
 - trend(t) = level + slope x (t - the level's step).
-Half the values of any group can be anything (a spike, bad batches) without moving it. The level is
+Fewer than half the values of a group can be anything (a spike, bad batches) without moving it. The level is
 taken close to t because a loss curve bends: a straight line fitted over the whole window and
 extrapolated lies below a steep, flattening descent (the loss after warm-up) by about
 f''/2 x (distance to its older anchor) x (distance to its newer anchor), several noise widths;

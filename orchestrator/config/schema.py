@@ -401,10 +401,10 @@ class HealthConfig(Section):
     defaults find what large runs lost time to without flagging a healthy curve (its tests)."""
 
     enabled: bool = True
-    # Loss spike: loss above its trend (the resistant line of the `spike_window` steps before it) by
-    # more than spike_mad_k residual spreads (1.4826 x the MAD of the window's residuals from the
-    # line) and by at least spike_min_rise (a noiseless curve must not alarm on rounding), for
-    # spike_consecutive steps.
+    # Loss spike: loss above its trend (a robust local line from the `spike_window` steps before it,
+    # orchestrator/robust_trend.py) by more than spike_mad_k spreads of the step-to-step noise (1.4826
+    # x the MAD of the window's first differences / sqrt(2)) and by at least spike_min_rise (a
+    # noiseless curve must not alarm on rounding), for spike_consecutive steps.
     spike_window: Annotated[int, Field(ge=10, le=100_000)] = 100
     spike_mad_k: Annotated[float, Field(ge=1.0, le=100.0)] = 5.0
     spike_min_rise: NonNegativeFloat = 0.1
