@@ -189,20 +189,30 @@ def _episodes(
     if len(values) <= window:
         return found
     trend = SlidingTrend(steps, values, window)
-    run: list[Any] | None = None  # onset, met, value, fit, margin, length, peak
+    run: _OpenRun | None = None
 
-    def close(current: list[Any]) -> None:
-        if current[5] >= consecutive and current[1] > since_step:
-            found.append(Episode(*current))
+    def close(current: _OpenRun) -> None:
+        if current.length >= consecutive and current.met is not None and current.met > since_step:
+            found.append(
+                Episode(
+                    current.onset,
+                    current.met,
+                    current.value,
+                    current.fit,
+                    current.margin,
+                    current.length,
+                    current.peak,
+                )
+            )
 
     longest = max(consecutive, window // 2)
     for index in range(window, len(values)):
         step, value = steps[index], values[index]
-        if run is not None and run[5] < longest and value > run[3].at(step) + run[4]:
-            run[5] += 1
-            run[6] = max(run[6], value)
-            if run[5] == consecutive:
-                run[1] = step
+        if run is not None and run.length < longest and value > run.fit.at(step) + run.margin:
+            run.length += 1
+            run.peak = max(run.peak, value)
+            if run.length == consecutive:
+                run.met = step
         elif run is not None:
             close(run)
             run = None
@@ -210,11 +220,24 @@ def _episodes(
             fit = trend.fit()
             margin = max(margin_for(fit), floor)
             if value > fit.at(step) + margin:
-                run = [step, step if consecutive == 1 else None, value, fit, margin, 1, value]
+                run = _OpenRun(step, step if consecutive == 1 else None, value, fit, margin, 1, value)
         trend.advance()
     if run is not None:
         close(run)
     return found
+
+
+@dataclass
+class _OpenRun:
+    """An episode being followed (see Episode)."""
+
+    onset: int
+    met: int | None
+    value: float
+    fit: TrendFit
+    margin: float
+    length: int
+    peak: float
 
 
 def loss_spikes(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> list[HealthFinding]:
