@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 import yaml
 from fakes import REPO
+from rollback_runs import drive, final_order, job_outputs, of_kind
 
 from orchestrator.config import parse_config
 from orchestrator.config.load import resolve_paths
 from orchestrator.contract import RunPaths, read_jsonl
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
-from tests.controller.test_health_slurm import drive, final_order, job_outputs, of_kind
 from tests.poisoned_corpus import poison_corpus
 from tests.trainer.runs import CORPUS_PREFIX, ensure_corpus, tiny_config_dict
 
