@@ -7,6 +7,8 @@ cosine LR decay that shrinks the noise, skewed "hard batch" bumps, rare NaN skip
 
 from __future__ import annotations
 
+import math
+import random
 import time
 
 import pytest
@@ -193,6 +195,17 @@ def test_subtle_problems_in_healthy_curves_are_found(seed):
 
 
 def test_grad_norm_explosion_on_a_falling_grad_norm_is_judged_against_its_trend():
+    # A grad norm falling e-fold in 60 steps (log-normal noise of 0.1): the median of steps 100-199
+    # (1.04 at step 150) is 2.3x the trend at step 200 (0.45). Steps 200-201 at 15x the trend are
+    # 6.5x that median: no finding for a ratio to the median (limit 10x), one for a ratio to the trend.
+    rng = random.Random(7)
+    falling = [12.5 * math.exp(-step / 60 + rng.gauss(0, 0.1)) for step in range(1, 261)]
+    burst = [g * 15 if step in (200, 201) else g for step, g in enumerate(falling, start=1)]
+    assert assess(records([3.0] * 260, falling), DEFAULTS) == []
+    [found] = assess(records([3.0] * 260, burst), DEFAULTS)
+    assert (found.kind, found.onset_step, found.step) == (GRAD_NORM_EXPLOSION, 200, 201)
+    assert found.baseline == pytest.approx(12.5 * math.exp(-200 / 60), rel=0.2) and found.details["ratio"] > 10
+    print(found.message)
     run = healthy_run(5)
     assert [f.kind for f in assess(with_grad_burst(run, 1200, 3, 12.0), DEFAULTS)] == [GRAD_NORM_EXPLOSION]
     assert assess(with_grad_burst(run, 1200, 3, 3.0), DEFAULTS) == []
