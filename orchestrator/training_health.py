@@ -43,7 +43,7 @@ and the distance above the trend in spreads.
 
 Cost: one pass is O(N x W) for N records and a window W, the W part a memmove in C: the trend's
 medians come from sorted groups kept as the window slides; the spread (O(W log W)) is computed only for a value already
-above the trend + the floor. 3,000 steps (every rule) in ~15 ms on the 2-core CI machine
+above the trend + the floor. 3,000 steps (every rule) in 15-27 ms on the shared 2-core machine
 (bench/spike_sensitivity.py writes the figure), so ~0.15 s for a month of BLOOM's steps (~30k).
 `since_step` keeps the findings whose rule was met after that step (the controller passes the
 last step it judged), over the whole lineage, so an episode that straddles two passes is found
