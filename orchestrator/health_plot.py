@@ -4,8 +4,8 @@ it there is no plot, as for `runctl report`).
 
 Top panel: every step read, the current history as a line, the steps a rollback abandoned as grey
 crosses, each finding's onset as a red line and each rollback's target as a green one. Below, one
-panel per finding (the last MAX_PANELS): `around` steps either side of it, with the baseline and
-the threshold the rule compared with.
+panel per finding (the last MAX_PANELS): `around` steps either side of it, with the trend the rule
+compared with, the band of its margin around the trend, and the threshold.
 """
 
 from __future__ import annotations
@@ -28,6 +28,28 @@ def _scale(ax, losses: list[float]) -> None:
     positive = [v for v in losses if v > 0]
     if positive and max(positive) > 5 * min(positive):
         ax.set_yscale("log")
+
+
+def _trend_band(ax, finding) -> None:
+    """The trend the rule judged against, from the newer half of its window (a spike's trend is
+    local; the whole window for divergence) to the step the rule was met; for a spike, the band of
+    its margin around the trend and the threshold (trend + margin)."""
+    judged = finding.judged
+    first, last = judged.window_steps
+    xs = [first if finding.kind == "divergence" else (first + last) // 2, max(finding.step, last)]
+    trend = [judged.trend + judged.slope * (x - judged.trend_step) for x in xs]
+    ax.plot(xs, trend, color="tab:gray", linewidth=1, label=f"trend ({judged.slope:+.3g}/step)")
+    if finding.kind == "loss_spike":
+        low, high = [t - judged.margin for t in trend], [t + judged.margin for t in trend]
+        ax.fill_between(
+            xs,
+            low,
+            high,
+            color="tab:gray",
+            alpha=0.2,
+            label=f"trend +- margin {judged.margin:.3g} (noise spread {judged.spread:.3g})",
+        )
+        ax.plot(xs, high, color="tab:red", linestyle="--", linewidth=1, label="threshold")
 
 
 def plot_health(view: HealthView, output: Path, around: int = 50, title: str = "") -> Path | None:
@@ -70,9 +92,8 @@ def plot_health(view: HealthView, output: Path, around: int = 50, title: str = "
         if near_abandoned:
             s, v = _points(near_abandoned)
             ax.scatter(s, v, color="grey", marker="x", s=14)
-        if finding.kind in ("loss_spike", "divergence"):  # the same units as the loss
-            ax.axhline(finding.baseline, color="tab:gray", linewidth=1, label="baseline")
-            ax.axhline(finding.threshold, color="tab:red", linestyle="--", linewidth=1, label="threshold")
+        if finding.kind in ("loss_spike", "divergence") and finding.judged is not None:  # in the loss's units
+            _trend_band(ax, finding)
             ax.legend(loc="best", fontsize=8)
         ax.axvspan(finding.onset_step, finding.step, color="tab:red", alpha=0.15)
         _scale(ax, [r.loss for r in near + near_abandoned if r.loss is not None])

@@ -11,31 +11,43 @@ keeps the history that led to the newest record (a step that is not above the on
 the history back to before that step), and every rule reads the lineage only.
 
 Rules. A "valid" step has a finite loss and was not skipped; windows count valid steps.
+The spike and explosion rules judge a step's distance from the curve's own trend, in units of the
+noise around it, not its level against the window's spread: on a falling curve the window's
+spread is mostly descent (the demo's steps 14-33 fall 8.28 -> 7.74: median 8.06, MAD 0.165, so
+median + 6 x 1.4826 x MAD = 9.53 misses a +10% spike; the step-to-step noise is ~0.04).
+- the trend (orchestrator/robust_trend.py): over the `spike_window` valid steps before step t, a
+  level (the median of the newest max(5, W/20) values) and a slope (the resistant line through the
+  medians of the window's last two quarters), extrapolated to t; the spread: the noise's standard
+  deviation from the window's first differences, 1.4826 x MAD(differences) / sqrt(2);
 - loss spike: from an onset step t on, the loss is above
-      threshold = m + max(spike_mad_k * 1.4826 * MAD, spike_min_rise)
-  for `spike_consecutive` consecutive valid steps, where m and MAD are the median and the median
-  absolute deviation of the `spike_window` valid losses before t (1.4826 * MAD estimates the
-  standard deviation of normal noise; the baseline is frozen at the onset so that the spike does
-  not raise its own bar; no judgement before a full window). The episode ends at the first valid
-  step back under the threshold; the next spike is a new finding.
-- grad-norm explosion: the grad norm is above grad_norm_factor x the median of the
-  `grad_norm_window` grad norms before the onset, for `grad_norm_consecutive` consecutive valid
-  steps (a ratio, not a MAD: grad norms are skewed and a person reads "12x its median" at once).
+      threshold = trend(t) + max(spike_mad_k x spread, spike_min_rise)
+  for `spike_consecutive` consecutive valid steps (the floor spike_min_rise keeps a flat,
+  noiseless curve from alarming on rounding; no judgement before a full window). The trend and
+  the spread are frozen at the onset, so that the spike does not raise its own bar; the episode
+  ends at the first valid step back under the threshold, or after max(consecutive, W/2) steps (a
+  trend extrapolated further is a guess); the next spike is a new finding.
+- grad-norm explosion: the same on log(grad norm) over `grad_norm_window`, with the margin
+  max(grad_norm_mad_k x spread, log(grad_norm_factor)): at least grad_norm_factor x the trend, for
+  `grad_norm_consecutive` consecutive valid steps (a ratio to a trend: grad norms fall early on).
 - NaN/Inf skip storm: more than `skip_storm_max` skipped steps among the last `skip_storm_window`
   steps; onset = the first skipped step of that window; one finding until the count is back to
   at most skip_storm_max.
 - slow divergence: over the last `divergence_window` valid steps of the lineage (judged at its end
-  only: it is a state, not an event), the median loss of the newer half minus the median of the
-  older half exceeds `divergence_min_rise`. Medians of halves: a trend that ignores spikes, and a
-  healthy curve (falling, or flat with noise) never rises by several standard errors of a median.
-Each finding carries the numbers a person needs (value, baseline, threshold, steps) and a sentence.
+  only: it is a state, not an event), the resistant line through the medians of the window's older
+  and newer halves rises by more than `divergence_min_rise` from the window's first step to its
+  last. Medians of halves ignore spikes; a healthy curve (falling, or flat with noise) has a line
+  that falls, or rises by a few standard errors of a median (~0.003 for 500 steps of 1% noise).
+Each finding carries the numbers a person needs (value, baseline = the trend, threshold, steps), a
+sentence, and for the trend rules a `TrendJudgement`: the trend, its slope, the spread, the margin
+and the distance above the trend in spreads.
 
-Cost: one pass is O(N x W) for N records and a window W (the window slides as a sorted list; the
-MAD is computed only for a loss already above m + spike_min_rise): 3,000 steps in ~25 ms on the
-2-core CI machine (tests/unit/test_training_health.py prints it), so ~0.25 s for a month of
-BLOOM's steps (~30k). `since_step` keeps the findings whose rule was met
-after that step (the controller passes the last step it judged), over the whole lineage, so an
-episode that straddles two passes is found once, when its rule is met.
+Cost: one pass is O(N x W) for N records and a window W, the W part a memmove in C: the trend's
+medians come from sorted groups kept as the window slides; the spread (O(W log W)) is computed only for a value already
+above the trend + the floor. 3,000 steps (every rule) in 15-27 ms on the shared 2-core machine
+(bench/spike_sensitivity.py writes the figure), so ~0.15 s for a month of BLOOM's steps (~30k).
+`since_step` keeps the findings whose rule was met after that step (the controller passes the
+last step it judged), over the whole lineage, so an episode that straddles two passes is found
+once, when its rule is met.
 
 Rollback planner (`plan_rollback`): the newest verified checkpoint with step <= onset - 1 -
 rollback_margin_steps whose consumed_samples agree with the lineage (a checkpoint of an abandoned
@@ -47,18 +59,15 @@ controller's own clock) the decision is to stop and call a person.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Any, NamedTuple
 
 from orchestrator.contract import StepMetrics
 from orchestrator.contract.directive import Rollback
-
-NORMAL_MAD_SCALE = 1.4826  # sigma = 1.4826 * MAD for normal noise
+from orchestrator.robust_trend import SlidingTrend, TrendFit
 
 LOSS_SPIKE = "loss_spike"
 GRAD_NORM_EXPLOSION = "grad_norm_explosion"
@@ -72,11 +81,12 @@ class HealthFinding:
     kind: str
     onset_step: int  # the first step of the episode (a rollback goes back before it)
     step: int  # the step at which the rule was met
-    value: float  # loss, grad norm, skipped steps, or median of the newer half
-    baseline: float  # median before the onset, allowed skips, or median of the older half
+    value: float  # loss, grad norm, skipped steps, or the trend at the divergence window's end
+    baseline: float  # the trend at the onset, allowed skips, or the trend at the window's start
     threshold: float
     message: str
     details: dict[str, Any] = field(default_factory=dict)
+    judged: TrendJudgement | None = None  # the trend rules' trend, spread, margin and distance
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +98,7 @@ class HealthFinding:
             "threshold": _round(self.threshold),
             "message": self.message,
             **self.details,
+            **(self.judged.as_dict() if self.judged else {}),
         }
 
 
@@ -115,14 +126,48 @@ def _valid(record: StepMetrics) -> bool:
 
 
 # -- the rules --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrendJudgement:
+    """What a trend rule compared a value with: the trend at `trend_step` (the onset; the window's
+    first step for divergence), its slope, the spread of the noise around it, the margin above the
+    trend the value had to pass (the threshold is trend + margin) and how far above the trend it
+    was, in spreads. In log units for the grad-norm rule."""
+
+    trend: float
+    trend_step: int
+    slope: float  # per step
+    spread: float
+    margin: float
+    spreads: float  # (value - trend) / spread; inf for a noiseless window
+    window_steps: tuple[int, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trend": _round(self.trend),
+            "trend_step": self.trend_step,
+            "trend_slope": _round(self.slope),
+            "residual_spread": _round(self.spread),
+            "margin": _round(self.margin),
+            "spreads": _round(self.spreads) if math.isfinite(self.spreads) else None,
+            "window_steps": list(self.window_steps),
+        }
+
+
 class Episode(NamedTuple):
     onset: int  # step of the first value above the threshold
     met: int  # step at which the run of values above it reached `consecutive`
     value: float  # at the onset
-    baseline: float  # median of the window before the onset
-    threshold: float
+    fit: TrendFit  # the window's trend, frozen at the onset
+    margin: float  # above the trend
     length: int  # consecutive values above the threshold
     peak: float
+
+    def judgement(self) -> TrendJudgement:
+        trend = self.fit.at(self.onset)
+        spreads = (self.value - trend) / self.fit.spread if self.fit.spread > 0 else math.inf
+        return TrendJudgement(
+            trend, self.onset, self.fit.slope, self.fit.spread, self.margin, spreads, self.fit.window_steps
+        )
 
 
 def _episodes(
@@ -130,120 +175,155 @@ def _episodes(
     values: Sequence[float],
     window: int,
     consecutive: int,
-    bar: Callable[[list[float], float], tuple[float, float] | None],
+    floor: float,
+    margin_for: Callable[[TrendFit], float],
     since_step: int,
 ) -> list[Episode]:
-    """Runs of at least `consecutive` values above a threshold, met after `since_step`. A run starts
-    where bar(the sorted `window` values before it, its value) gives (baseline, threshold) rather
-    than None; the threshold stays frozen until a value is not above it. The window slides as a
-    sorted list (O(window) per value, no sort): a pass over a month of steps stays cheap."""
+    """Runs of at least `consecutive` values above trend + margin, met after `since_step`. A run
+    starts at a value above the trend of the `window` values before it by more than
+    margin_for(that trend's fit) (never less than `floor`: the cheap test that spares the fit); the
+    fit stays frozen for the run (the spike does not raise its own bar), which ends at the first
+    value back under it, or after max(consecutive, window // 2) values: a trend extrapolated further
+    than that is a guess (a value still above the window's new trend starts a new run)."""
     found: list[Episode] = []
-    window_sorted = sorted(values[:window])
-    run: dict[str, Any] | None = None
+    if len(values) <= window:
+        return found
+    trend = SlidingTrend(steps, values, window)
+    run: _OpenRun | None = None
 
-    def close(current: dict[str, Any]) -> None:
-        if current["length"] >= consecutive and current["met"] > since_step:
+    def close(current: _OpenRun) -> None:
+        if current.length >= consecutive and current.met is not None and current.met > since_step:
             found.append(
                 Episode(
-                    current["onset"],
-                    current["met"],
-                    current["value"],
-                    current["baseline"],
-                    current["threshold"],
-                    current["length"],
-                    current["peak"],
+                    current.onset,
+                    current.met,
+                    current.value,
+                    current.fit,
+                    current.margin,
+                    current.length,
+                    current.peak,
                 )
             )
 
+    longest = max(consecutive, window // 2)
     for index in range(window, len(values)):
-        value = values[index]
-        if run is not None and value > run["threshold"]:
-            run["length"] += 1
-            run["peak"] = max(run["peak"], value)
-            if run["length"] == consecutive:
-                run["met"] = steps[index]
+        step, value = steps[index], values[index]
+        if run is not None and run.length < longest and value > run.fit.at(step) + run.margin:
+            run.length += 1
+            run.peak = max(run.peak, value)
+            if run.length == consecutive:
+                run.met = step
         elif run is not None:
             close(run)
             run = None
-        if run is None:
-            limit = bar(window_sorted, value)
-            if limit is not None:
-                run = {
-                    "onset": steps[index],
-                    "value": value,
-                    "baseline": limit[0],
-                    "threshold": limit[1],
-                    "length": 1,
-                    "peak": value,
-                    "met": steps[index] if consecutive == 1 else None,
-                }
-        del window_sorted[bisect.bisect_left(window_sorted, values[index - window])]
-        bisect.insort(window_sorted, value)
+        if run is None and value > trend.trend_at(step) + floor:
+            fit = trend.fit()
+            margin = max(margin_for(fit), floor)
+            if value > fit.at(step) + margin:
+                run = _OpenRun(step, step if consecutive == 1 else None, value, fit, margin, 1, value)
+        trend.advance()
     if run is not None:
         close(run)
     return found
 
 
-def _median_of_sorted(values: list[float]) -> float:
-    n = len(values)
-    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2.0
+@dataclass
+class _OpenRun:
+    """An episode being followed (see Episode)."""
+
+    onset: int
+    met: int | None
+    value: float
+    fit: TrendFit
+    margin: float
+    length: int
+    peak: float
 
 
 def loss_spikes(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> list[HealthFinding]:
     valid = [r for r in records if _valid(r)]
     steps, losses = [r.step for r in valid], [float(r.loss) for r in valid]
-
-    def bar(history: list[float], value: float) -> tuple[float, float] | None:
-        center = _median_of_sorted(history)
-        if value <= center + cfg.spike_min_rise:  # cheap: below the smallest possible threshold
-            return None
-        mad = median(abs(x - center) for x in history)
-        threshold = center + max(cfg.spike_mad_k * NORMAL_MAD_SCALE * mad, cfg.spike_min_rise)
-        return None if value <= threshold else (center, threshold)
-
+    episodes = _episodes(
+        steps,
+        losses,
+        cfg.spike_window,
+        cfg.spike_consecutive,
+        cfg.spike_min_rise,
+        lambda fit: cfg.spike_mad_k * fit.spread,
+        since_step,
+    )
     out = []
-    for e in _episodes(steps, losses, cfg.spike_window, cfg.spike_consecutive, bar, since_step):
+    for e in episodes:
+        judged = e.judgement()
+        threshold = judged.trend + judged.margin
         out.append(
             HealthFinding(
                 LOSS_SPIKE,
                 e.onset,
                 e.met,
                 e.value,
-                e.baseline,
-                e.threshold,
-                f"loss spike: loss {e.value:.4g} at step {e.onset} is {e.value - e.baseline:.3g} above the median "
-                f"{e.baseline:.4g} of the {cfg.spike_window} steps before (threshold {e.threshold:.4g}), for {e.length} "
-                f"consecutive steps (rule: {cfg.spike_consecutive}); peak {e.peak:.4g}",
+                judged.trend,
+                threshold,
+                f"loss spike: loss {e.value:.4g} at step {e.onset} is {e.value - judged.trend:.3g} above its trend "
+                f"{judged.trend:.4g} ({_slope_words(judged.slope)} over steps {judged.window_steps[0]}-"
+                f"{judged.window_steps[1]}): {_spreads_words(judged)} (threshold {threshold:.4g} = trend + "
+                f"max({cfg.spike_mad_k:g} spreads, {cfg.spike_min_rise:g})), for {e.length} consecutive steps "
+                f"(rule: {cfg.spike_consecutive}); peak {e.peak:.4g}",
                 {"consecutive": e.length, "peak": _round(e.peak)},
+                judged,
             )
         )
     return out
 
 
+def _slope_words(slope: float) -> str:
+    return "flat" if slope == 0 else f"{'falling' if slope < 0 else 'rising'} {abs(slope):.3g}/step"
+
+
+def _spreads_words(judged: TrendJudgement) -> str:
+    if not math.isfinite(judged.spreads):
+        return "the window has no noise (residual spread 0)"
+    return f"{judged.spreads:.3g} residual spreads of {judged.spread:.3g}"
+
+
 def grad_norm_explosions(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> list[HealthFinding]:
-    valid = [r for r in records if not r.skipped and _finite(r.grad_norm)]
-    steps, norms = [r.step for r in valid], [float(r.grad_norm) for r in valid]
-
-    def bar(history: list[float], value: float) -> tuple[float, float] | None:
-        center = _median_of_sorted(history)
-        threshold = cfg.grad_norm_factor * center
-        return None if value <= threshold else (center, threshold)
-
+    """Judged on log(grad norm): grad norms are skewed (log-normal-like), and a trend of the logs is
+    a trend of ratios, so "12x its trend" reads at once."""
+    valid = [r for r in records if not r.skipped and _finite(r.grad_norm) and r.grad_norm > 0]
+    steps, logs = [r.step for r in valid], [math.log(r.grad_norm) for r in valid]
+    episodes = _episodes(
+        steps,
+        logs,
+        cfg.grad_norm_window,
+        cfg.grad_norm_consecutive,
+        math.log(cfg.grad_norm_factor),
+        lambda fit: cfg.grad_norm_mad_k * fit.spread,
+        since_step,
+    )
     out = []
-    for e in _episodes(steps, norms, cfg.grad_norm_window, cfg.grad_norm_consecutive, bar, since_step):
-        ratio = e.value / e.baseline if e.baseline > 0 else math.inf
+    for e in episodes:
+        judged = e.judgement()
+        value, trend, threshold = (
+            math.exp(e.value),
+            math.exp(judged.trend),
+            math.exp(judged.trend + judged.margin),
+        )
+        ratio = value / trend
         out.append(
             HealthFinding(
                 GRAD_NORM_EXPLOSION,
                 e.onset,
                 e.met,
-                e.value,
-                e.baseline,
-                e.threshold,
-                f"grad-norm explosion: grad norm {e.value:.4g} at step {e.onset} is {ratio:.3g}x the median "
-                f"{e.baseline:.4g} of the {cfg.grad_norm_window} steps before (limit {cfg.grad_norm_factor:g}x), for "
-                f"{e.length} consecutive steps; peak {e.peak:.4g}",
-                {"consecutive": e.length, "peak": _round(e.peak), "ratio": _round(ratio)},
+                value,
+                trend,
+                threshold,
+                f"grad-norm explosion: grad norm {value:.4g} at step {e.onset} is {ratio:.3g}x its trend {trend:.4g} "
+                f"(the trend of log grad norms over steps {judged.window_steps[0]}-{judged.window_steps[1]}): "
+                f"{_spreads_words(judged)} in log units (limit {threshold / trend:.3g}x = the larger of "
+                f"{cfg.grad_norm_factor:g}x and {cfg.grad_norm_mad_k:g} spreads), for {e.length} consecutive "
+                f"steps; peak {math.exp(e.peak):.4g}",
+                {"consecutive": e.length, "peak": _round(math.exp(e.peak)), "ratio": _round(ratio)},
+                judged,
             )
         )
     return out
@@ -281,42 +361,51 @@ def skip_storms(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> li
     return out
 
 
-def _halves(valid: Sequence[StepMetrics], window: int) -> tuple[list, list, float, float] | None:
-    """(older half, newer half, their median losses) of the last `window` valid records."""
-    last = valid[-window:]
-    if len(last) < window:
+def _window_trend(valid: Sequence[StepMetrics], window: int) -> TrendFit | None:
+    """The resistant line of the last `window` valid losses (None before a full window)."""
+    if len(valid) < window:
         return None
-    half = len(last) // 2
-    older, newer = list(last[:half]), list(last[half:])
-    return older, newer, median(float(r.loss) for r in older), median(float(r.loss) for r in newer)
+    last = valid[-window:]
+    return SlidingTrend([r.step for r in last], [float(r.loss) for r in last], window).fit()
+
+
+def _rise(fit: TrendFit) -> float:
+    first, last = fit.window_steps
+    return fit.window_slope * (last - first)
 
 
 def divergence(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> list[HealthFinding]:
     """Judged at the end of the lineage; not new when the rule already held at since_step."""
     valid = [r for r in records if _valid(r)]
-    halves = _halves(valid, cfg.divergence_window)
-    if halves is None or valid[-1].step <= since_step:
+    fit = _window_trend(valid, cfg.divergence_window)
+    if fit is None or valid[-1].step <= since_step:
         return []
-    older, newer, old_median, new_median = halves
-    rise = new_median - old_median
+    rise = _rise(fit)
     if rise <= cfg.divergence_min_rise:
         return []
-    before = _halves([r for r in valid if r.step <= since_step], cfg.divergence_window)
-    if before is not None and before[3] - before[2] > cfg.divergence_min_rise:
+    before = _window_trend([r for r in valid if r.step <= since_step], cfg.divergence_window)
+    if before is not None and _rise(before) > cfg.divergence_min_rise:
         return []  # the same divergence, found by an earlier pass
-    first, last = newer[0].step, newer[-1].step
+    first, last = fit.window_steps
+    onset = valid[-(cfg.divergence_window - cfg.divergence_window // 2)].step  # the newer half's first
+    start, end = fit.window_line_at(first), fit.window_line_at(last)
+    spreads = rise / fit.spread if fit.spread > 0 else math.inf
+    judged = TrendJudgement(
+        start, first, fit.window_slope, fit.spread, cfg.divergence_min_rise, spreads, fit.window_steps
+    )
     return [
         HealthFinding(
             DIVERGENCE,
-            first,
+            onset,
             last,
-            new_median,
-            old_median,
-            old_median + cfg.divergence_min_rise,
-            f"slow divergence: the median loss of steps {first}-{last} is {new_median:.4g}, {rise:.3g} above the "
-            f"{old_median:.4g} of steps {older[0].step}-{older[-1].step} (allowed rise "
-            f"{cfg.divergence_min_rise:g})",
+            end,
+            start,
+            start + cfg.divergence_min_rise,
+            f"slow divergence: the loss's trend over steps {first}-{last} rises {rise:.3g}, from {start:.4g} to "
+            f"{end:.4g} ({_slope_words(fit.window_slope)}; noise spread {fit.spread:.3g}), more than the allowed "
+            f"{cfg.divergence_min_rise:g}",
             {"rise": _round(rise)},
+            judged,
         )
     ]
 

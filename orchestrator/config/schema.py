@@ -428,21 +428,25 @@ class HealthConfig(Section):
     defaults find what large runs lost time to without flagging a healthy curve (its tests)."""
 
     enabled: bool = True
-    # Loss spike: loss above the median of the `spike_window` steps before it + spike_mad_k x the
-    # (normal-scaled) MAD of those steps, and by at least spike_min_rise, for spike_consecutive steps.
+    # Loss spike: loss above its trend (a robust local line from the `spike_window` steps before it,
+    # orchestrator/robust_trend.py) by more than spike_mad_k spreads of the step-to-step noise (1.4826
+    # x the MAD of the window's first differences / sqrt(2)) and by at least spike_min_rise (a
+    # noiseless curve must not alarm on rounding), for spike_consecutive steps.
     spike_window: Annotated[int, Field(ge=10, le=100_000)] = 100
-    spike_mad_k: Annotated[float, Field(ge=1.0, le=100.0)] = 6.0
+    spike_mad_k: Annotated[float, Field(ge=1.0, le=100.0)] = 5.0
     spike_min_rise: NonNegativeFloat = 0.1
     spike_consecutive: Annotated[int, Field(ge=1, le=1000)] = 3
-    # Grad-norm explosion: grad norm above grad_norm_factor x the median of the window before it.
+    # Grad-norm explosion: log grad norm above its trend (the resistant line of the window before it)
+    # by more than log(grad_norm_factor) and grad_norm_mad_k residual spreads, for grad_norm_consecutive steps.
     grad_norm_window: Annotated[int, Field(ge=10, le=100_000)] = 100
     grad_norm_factor: Annotated[float, Field(gt=1.0, le=1e6)] = 10.0
+    grad_norm_mad_k: Annotated[float, Field(ge=1.0, le=100.0)] = 6.0
     grad_norm_consecutive: Annotated[int, Field(ge=1, le=1000)] = 2
     # NaN/Inf storm: more than skip_storm_max steps skipped (non-finite gradients) in skip_storm_window steps.
     skip_storm_window: Annotated[int, Field(ge=1, le=100_000)] = 100
     skip_storm_max: Annotated[int, Field(ge=0, le=100_000)] = 5
-    # Slow divergence: the median loss of the newer half of the last divergence_window steps is above
-    # the older half's by more than divergence_min_rise.
+    # Slow divergence: the resistant line of the last divergence_window steps (through the medians of
+    # their older and newer halves) rises by more than divergence_min_rise over the window.
     divergence_window: Annotated[int, Field(ge=20, le=1_000_000)] = 1000
     divergence_min_rise: PositiveFloat = 0.05
     policy: HealthPolicies = HealthPolicies()

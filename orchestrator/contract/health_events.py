@@ -20,12 +20,21 @@ class HealthFinding(Event):
     finding: str  # loss_spike, grad_norm_explosion, skip_storm, divergence
     onset_step: int  # the first step of the episode (a rollback goes back before it)
     met_step: int  # the step at which the rule was met
-    measured: float  # the loss, grad norm, skipped steps, or the newer half's median
-    median_before: float  # what it is compared with (the rule's baseline)
+    measured: float  # the loss, grad norm, skipped steps, or the divergence trend at its end
+    median_before: float  # what it is compared with: the rule's baseline (the trend rules': the trend)
     limit: float  # the threshold it crossed
     message: str
     policy: str  # notify, pause, rollback
     numbers: dict[str, Any] = field(default_factory=dict)
+    # What a trend rule (spike, explosion, divergence) judged: the trend at the onset, its slope per
+    # step, the robust spread of the noise around it, the margin above the trend the value had to
+    # pass (limit = trend + margin) and the value's distance above the trend in spreads (None:
+    # a noiseless window). Log units for the grad-norm rule's slope, spread and margin.
+    trend: float | None = None
+    trend_slope: float | None = None
+    residual_spread: float | None = None
+    margin: float | None = None
+    spreads: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,6 +34,7 @@ history begins with a step <= S + 1, and the steps above it read before that are
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from orchestrator.contract import (
@@ -46,7 +47,13 @@ from orchestrator.contract import (
 )
 from orchestrator.contract import health_events as hev
 from orchestrator.contract.state import ControllerState, RunStatus
-from orchestrator.training_health import CheckpointInfo, HealthFinding, plan_rollback, policy_for
+from orchestrator.training_health import (
+    CheckpointInfo,
+    HealthFinding,
+    TrendJudgement,
+    plan_rollback,
+    policy_for,
+)
 
 from .actions import (
     Action,
@@ -94,6 +101,19 @@ def _notifications_last(actions: list[Action]) -> list[Action]:
     return [a for a in actions if not isinstance(a, Notify)] + [a for a in actions if isinstance(a, Notify)]
 
 
+def _trend_fields(judged: TrendJudgement | None) -> dict[str, float | None]:
+    """The trend, spread, margin and distance of a trend rule's finding, as the event's fields."""
+    if judged is None:
+        return {}
+    return {
+        "trend": judged.trend,
+        "trend_slope": judged.slope,
+        "residual_spread": judged.spread,
+        "margin": judged.margin,
+        "spreads": judged.spreads if math.isfinite(judged.spreads) else None,
+    }
+
+
 def _on_findings(
     state: ControllerState,
     findings: list[HealthFinding],
@@ -123,6 +143,7 @@ def _on_findings(
                     message=finding.message,
                     policy=policy,
                     numbers=dict(finding.details),
+                    **_trend_fields(finding.judged),
                 )
             ),
             Notify(

@@ -14,9 +14,19 @@ from orchestrator.event_text.words import _by, _cause, _g, _job, _n, _nodes, _ra
 def _(e: hev.HealthFinding) -> str:
     return (
         f"training health: {e.finding} from step {_n(e.onset_step)} (met at {_n(e.met_step)}): "
-        f"{_g(e.measured)} against {_g(e.median_before)}, limit {_g(e.limit)}; policy {_n(e.policy)}"
-        f"{_reason(e.message)}"
+        f"{_g(e.measured)} against {_trend_word(e)}{_g(e.median_before)}, limit {_g(e.limit)}{_spreads(e)}; "
+        f"policy {_n(e.policy)}{_reason(e.message)}"
     )
+
+
+def _trend_word(e: hev.HealthFinding) -> str:
+    return "the trend " if e.trend is not None else ""
+
+
+def _spreads(e: hev.HealthFinding) -> str:
+    if e.spreads is None or e.residual_spread is None:
+        return ""
+    return f" ({_g(e.spreads)} noise spreads of {_g(e.residual_spread)})"
 
 
 @says(hev.HealthPauseRequested)

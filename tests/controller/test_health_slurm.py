@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 from fakes import REPO, WebhookServer
+from rollback_runs import drive, final_order, job_outputs, of_kind, sample_lines
 
 from orchestrator.cli.main import main
 from orchestrator.config import parse_config
@@ -72,17 +73,6 @@ class Scenario:
     seconds: float
 
 
-def drive(ctl: Controller, seconds: float) -> str:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        status = ctl.tick().status
-        if status in RunStatus.STOPPED:
-            return status
-        time.sleep(ctl.cfg.watchdog.poll_seconds)
-    outputs = "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(ctl.paths.jobs.glob("slurm-*.out")))
-    raise AssertionError(f"not stopped in {seconds} s: {ctl.state.status}\n{outputs}")
-
-
 @pytest.fixture(scope="module")
 def scenario(local_cluster):
     from orchestrator.runs import prepare_run_dir, submit_job
@@ -117,25 +107,6 @@ def scenario(local_cluster):
         ctl.stop()
         webhook.close()
         shutil.rmtree(root, ignore_errors=True)
-
-
-def job_outputs(paths: RunPaths) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(paths.jobs.glob("slurm-*.out")))
-
-
-def of_kind(paths: RunPaths, kind: str) -> list[dict]:
-    return [e for e in event_dicts(paths) if e["event"] == kind]
-
-
-def sample_lines(paths: RunPaths) -> list[dict]:
-    return read_jsonl(paths.sample_log(0))
-
-
-def final_order(paths: RunPaths) -> list[int]:
-    """The positions the kept history read, in order: the last line of each step (the sample log
-    is appended to; a step trained again after a rollback comes later)."""
-    last = {line["step"]: line["positions"] for line in sample_lines(paths)}
-    return [p for step in sorted(last) for p in last[step]]
 
 
 def test_a_data_spike_is_rolled_back_and_its_samples_never_come_again(scenario):
