@@ -21,7 +21,7 @@ class HealthFinding(Event):
     onset_step: int  # the first step of the episode (a rollback goes back before it)
     met_step: int  # the step at which the rule was met
     measured: float  # the loss, grad norm, skipped steps, or the divergence trend at its end
-    median_before: float  # what it is compared with: the rule's baseline (the trend rules': the trend)
+    baseline: float  # what it is compared with: the trend for the trend rules, else the rule's baseline
     limit: float  # the threshold it crossed
     message: str
     policy: str  # notify, pause, rollback

@@ -138,7 +138,7 @@ def _on_findings(
                     onset_step=finding.onset_step,
                     met_step=finding.step,
                     measured=finding.value,
-                    median_before=finding.baseline,
+                    baseline=finding.baseline,
                     limit=finding.threshold,
                     message=finding.message,
                     policy=policy,

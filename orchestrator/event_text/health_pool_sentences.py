@@ -14,7 +14,7 @@ from orchestrator.event_text.words import _by, _cause, _g, _job, _n, _nodes, _ra
 def _(e: hev.HealthFinding) -> str:
     return (
         f"training health: {e.finding} from step {_n(e.onset_step)} (met at {_n(e.met_step)}): "
-        f"{_g(e.measured)} against {_trend_word(e)}{_g(e.median_before)}, limit {_g(e.limit)}{_spreads(e)}; "
+        f"{_g(e.measured)} against {_trend_word(e)}{_g(e.baseline)}, limit {_g(e.limit)}{_spreads(e)}; "
         f"policy {_n(e.policy)}{_reason(e.message)}"
     )
 

@@ -78,7 +78,7 @@ def test_notify_records_and_notifies_and_does_nothing_else():
     actions = decide(running_state(), [finding()], health())
     [event] = recorded(actions, hev.HealthFinding)
     assert (event.finding, event.onset_step, event.met_step, event.policy) == ("loss_spike", 25, 27, "notify")
-    assert (event.measured, event.median_before, event.limit) == (9.0, 3.0, 3.1)
+    assert (event.measured, event.baseline, event.limit) == (9.0, 3.0, 3.1)
     assert [type(a) for a in actions] == [Record, Notify]
     assert actions[1].kind == "health" and "onset 25" in actions[1].message
 
