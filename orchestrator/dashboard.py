@@ -251,6 +251,8 @@ def warnings(
         out.append(f"checkpoint disk {d['disk']['level']}: {d['disk']['message'] or 'see runctl events'}")
     if pool is not None and pool.short and not status.stopped:
         out.append(f"CRITICAL, the node pool is short: {pool.message or 'see runctl events'}")
+    elif pool is not None and pool.message and not status.stopped:  # fewer spares: it still trains
+        out.append(pool.message)
     if data["scheduler_problem"]:
         out.append(
             f"the scheduler was not asked ({data['scheduler_problem']}): job states are the controller's "

@@ -16,6 +16,9 @@ Every metric carries `run` (the config's name). What a site alerts on, and why i
   is exported, 0 included, so that `sum(runctl_jobs) == 0` says "no job" rather than nothing).
 - runctl_stragglers and runctl_straggler_score{node}: the controller's last straggler scores
   (state.json, controller/stragglers.py).
+- runctl_pool_usable_nodes / runctl_pool_needed_nodes / runctl_pool_short / runctl_pool_spares_next:
+  the controller's last judgment of the node pool (controller/pool.py): short means the next job
+  cannot start.
 deploy/grafana/runctl.json has a panel for each, deploy/prometheus/runctl-alerts.yml the alerts
 (tests/controller/test_oncall.py checks the dashboard's names against a scrape).
 """
@@ -113,6 +116,7 @@ class RunCollector(Collector):
         yield info
         yield _live_jobs(run, state)
         yield from _stragglers(run, state)
+        yield from _pool(run, state)
 
     def _goodput_metrics(self, run: str, now: float, cfg: Any) -> Iterator[Any]:
         from orchestrator.goodput import run_breakdown  # noqa: PLC0415
@@ -221,6 +225,25 @@ def _stragglers(run: str, state: ControllerState) -> Iterator[Any]:
         if isinstance(value, (int, float)):
             score.add_metric([run, str(node)], float(value))
     yield score
+
+
+def _pool(run: str, state: ControllerState) -> Iterator[Any]:
+    """The controller's last judgment of the node pool (controller/pool.py); nothing before one."""
+    pool = state.pool
+    if pool is None:
+        return
+    yield _gauge(
+        "runctl_pool_usable_nodes",
+        "nodes SLURM would schedule and the run has not excluded",
+        run,
+        pool.usable,
+    )
+    yield _gauge("runctl_pool_needed_nodes", "the job's nodes (spares not counted)", run, pool.needed)
+    yield _gauge(
+        "runctl_pool_short", "1 when the next job cannot start: usable < needed", run, 1 if pool.short else 0
+    )
+    if pool.spares_next is not None:
+        yield _gauge("runctl_pool_spares_next", "spare nodes the next job asks for", run, pool.spares_next)
 
 
 def _gauge(name: str, doc: str, run: str, value: float) -> GaugeMetricFamily:

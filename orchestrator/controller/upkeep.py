@@ -153,7 +153,11 @@ def disk_level(check: DiskCheck, current: str, paused: bool = False) -> list[Act
     ]
     if check.level in ("warning", "critical") and not paused:
         actions.append(
-            Notify("disk", f"disk {check.level}: {check.message()}", {"free_bytes": check.free_bytes})
+            Notify(
+                "disk" if check.level == "critical" else "disk_low",
+                f"disk {check.level}: {check.message()}",
+                {"free_bytes": check.free_bytes},
+            )
         )
     return actions
 

@@ -55,7 +55,7 @@ def _doctor(capsys, run_dir, state_dir, *extra):
 def test_doctor_pages_when_the_controller_stops_beating(run_env, webhook, monkeypatch, capsys, tmp_path):
     url, received = webhook
     cfg, scheduler, ctl = run_env(
-        trainer_env={"FAKE_STEPS": "400"}, notifications={"webhook": url, "events": ["failure"]}
+        trainer_env={"FAKE_STEPS": "400"}, notifications={"webhook": url, "events": ["failure", "doctor"]}
     )
     monkeypatch.setattr("orchestrator.cli.watch_cmd.scheduler_for_run", lambda _run: scheduler)
     ctl.start()
@@ -92,6 +92,24 @@ def test_doctor_pages_when_the_controller_stops_beating(run_env, webhook, monkey
     print(full)
     assert code == 1 and not full["findings"][2]["ok"] and "disk critical" in full["findings"][2]["message"]
     assert len(received) == 3
+
+
+@pytest.mark.parametrize("status", ["crash_loop", "config_error", "paused_for_health", "killed"])
+def test_doctor_fails_on_a_run_that_stopped_on_its_own(tmp_path, monkeypatch, capsys, status):
+    """A crash-looped run looks quiet (no controller needed, no job expected): the doctor still
+    says a person must look, and exits 1; a kill an operator asked for is fine."""
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("RUNCTL_SCHEDULER", "mock")
+    monkeypatch.setenv("RUNCTL_MOCK_SLURM_DIR", str(tmp_path / "mock"))
+    assert main(["submit", str(REPO / "configs" / "demo-cpu-4node.yaml"), "--run-dir", str(run_dir)]) == 0
+    (run_dir / "state.json").write_text(json.dumps({"status": status, "jobs": []}))
+    code, found = _doctor(capsys, run_dir, tmp_path / "d")
+    stop = next(f for f in found["findings"] if f["check"] == "stop")
+    print(found)
+    if status == "killed":
+        assert code == 0 and stop["ok"]
+    else:
+        assert code == 1 and not stop["ok"] and f"stopped on its own ({status})" in stop["message"]
 
 
 def test_doctor_restarts_a_missing_controller_for_the_owner(tmp_path):
