@@ -3,7 +3,10 @@
     registry = run_registry(run_dir)      # a CollectorRegistry with one RunCollector
     start_http_server(port, addr, registry=registry) / write_to_textfile(path, registry)
 
-Every metric carries `run` (the config's name). What a site alerts on, and why it is clock-safe:
+Every metric carries `run`, the run's identity (its SLURM job name: the config's name and a short
+hash of the run directory, render.run_job_name: two runs of one config never share a series), and
+`run_dir`. `FolderCollector` exports every run under a folder (`runctl metrics ROOT --all`).
+What a site alerts on, and why it is clock-safe:
 - runctl_controller_passes_total and runctl_heartbeat_writes_total{rank}: counters that move
   while the controller / a rank is alive. `changes(...[5m]) == 0` needs no clock agreement
   between the exporter and the nodes; the *_age_seconds gauges beside them compare this machine's
@@ -28,6 +31,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -51,15 +55,20 @@ class RunCollector(Collector):
         return self._cfg
 
     def collect(self) -> Iterator[Any]:
+        from orchestrator.slurm.render import run_job_name  # noqa: PLC0415
+
         cfg = self._config()
-        run = cfg.name
+        run = run_job_name(cfg.name, self.paths.root)  # the run's identity, as SLURM's job name
         now = time.time()
-        yield from self._training(run)
-        yield from self._heartbeats(run, now)
-        yield from self._run_state(run)
-        yield from self._goodput_metrics(run, now, cfg)
-        yield from self._disk(run, cfg)
-        yield from self._controller(run, now)
+        for family in (
+            *self._training(run),
+            *self._heartbeats(run, now),
+            *self._run_state(run),
+            *self._goodput_metrics(run, now, cfg),
+            *self._disk(run, cfg),
+            *self._controller(run, now),
+        ):
+            yield _with_label(family, "run_dir", str(self.paths.root))
 
     def _training(self, run: str) -> Iterator[Any]:
         lines = tail_metrics(self.paths.metrics, 64 * 1024)
@@ -189,6 +198,33 @@ class RunCollector(Collector):
         )
 
 
+class FolderCollector(Collector):
+    """Every run under a folder (`runctl metrics ROOT --all`), found again at each scrape (a new
+    run appears, a removed one goes): one family per metric, the runs' series side by side."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+        self._runs: dict[Path, RunCollector] = {}
+
+    def collect(self) -> Iterator[Any]:
+        from orchestrator.cli.ls_cmd import find_runs  # noqa: PLC0415
+
+        found, _capped = find_runs(self.root)
+        self._runs = {run: self._runs.get(run) or RunCollector(run) for run in found}
+        merged: dict[str, Any] = {}
+        for collector in self._runs.values():
+            try:
+                families = list(collector.collect())
+            except (OSError, ValueError):  # a run being written or removed: the others still count
+                continue
+            for family in families:
+                if family.name in merged:
+                    merged[family.name].samples += family.samples
+                else:
+                    merged[family.name] = family
+        yield from merged.values()
+
+
 # The states a job that has not ended can be in.
 LIVE_JOB_STATES = tuple(
     s.value
@@ -246,13 +282,19 @@ def _pool(run: str, state: ControllerState) -> Iterator[Any]:
         yield _gauge("runctl_pool_spares_next", "spare nodes the next job asks for", run, pool.spares_next)
 
 
+def _with_label(family: Any, name: str, value: str) -> Any:
+    family.samples = [sample._replace(labels={**sample.labels, name: value}) for sample in family.samples]
+    return family
+
+
 def _gauge(name: str, doc: str, run: str, value: float) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=["run"])
     family.add_metric([run], float(value))
     return family
 
 
-def run_registry(run_dir: str | os.PathLike[str]) -> CollectorRegistry:
+def run_registry(run_dir: str | os.PathLike[str], *, every_run: bool = False) -> CollectorRegistry:
+    """One run's metrics, or (`every_run`) those of every run under the folder `run_dir`."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunCollector(run_dir))
+    registry.register(FolderCollector(run_dir) if every_run else RunCollector(run_dir))
     return registry
