@@ -83,6 +83,8 @@ def _header(data: dict[str, Any]) -> list[Text]:
     title.append(for_terminal(data["name"]), style="bold")
     title.append("  ")
     title.append(d["status"].upper(), style=STATUS_STYLE.get(d["status"], "white"))
+    if d.get("stop_message"):  # why it stopped, on the line people read first (a kill's reason)
+        title.append(f": {for_terminal(d['stop_message'])}", style=STATUS_STYLE.get(d["status"], "white"))
     title.append(f"  restarts so far: {d['restarts']}")
     where = Text(f"run directory {for_terminal(data['run_dir'])}", overflow="fold")
     holder = d["controller"]

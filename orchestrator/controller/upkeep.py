@@ -90,6 +90,7 @@ def training_started(assessment: Assessment) -> tuple[str, ev.JobTraining] | Non
         job_id=str(assessment.job_id),
         launch=beat.launch,
         step=beat.step,
+        resumed_from=beat.resumed_from,
         checkpoint_load_seconds=beat.checkpoint_load_seconds,
         init_seconds=beat.durations.get(Phase.INIT.value),
     )
