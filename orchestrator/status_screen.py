@@ -263,12 +263,13 @@ def _heartbeats(d: dict[str, Any]) -> Text:
 
 
 def _warnings(items: list[str]) -> Panel:
-    """Each warning whole, wrapped under its own bullet."""
+    """Each warning whole, wrapped under its own bullet; a warning of several lines (a command's
+    stdout and stderr) keeps its lines, each made safe on its own, under the same bullet."""
     body = Table.grid(padding=(0, 1), expand=True)
     body.add_column(no_wrap=True)
     body.add_column(ratio=1, overflow="fold")
     for item in items:
-        body.add_row("-", Text(for_terminal(item)))
+        body.add_row("-", Text("\n".join(for_terminal(line) for line in item.splitlines() if line.strip())))
     return Panel(body, title="warnings", title_align="left", border_style="red", box=box.ROUNDED)
 
 

@@ -58,7 +58,7 @@ def describe_run(run_dir: Path, now: float) -> dict:
     from orchestrator.contract import RunPaths  # noqa: PLC0415
     from orchestrator.contract.state import load_state  # noqa: PLC0415
     from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
-    from orchestrator.runs import run_name  # noqa: PLC0415
+    from orchestrator.runs import recorded_jobs, run_name  # noqa: PLC0415
 
     paths = RunPaths.of(run_dir)
     row = {"run_dir": str(run_dir), "name": "?", "status": "?", "jobs": 0, "live_jobs": 0,
@@ -78,8 +78,12 @@ def describe_run(run_dir: Path, now: float) -> dict:
     else:
         row["status"] = state.status.value
         row["state_age_seconds"] = max(0.0, now - paths.state.stat().st_mtime)
-    row["jobs"] = len(state.jobs)
-    row["live_jobs"] = len(state.live_jobs())
+    # The jobs `runctl status` lists (the submissions ledger and state.json): a job the controller
+    # has not settled, or has never seen (submitted, never supervised), is live.
+    settled = {j.job_id for j in state.jobs if j.outcome is not None}
+    jobs = recorded_jobs(paths.root)
+    row["jobs"] = len(jobs)
+    row["live_jobs"] = len([j for j in jobs if j.job_id not in settled])
     return row
 
 

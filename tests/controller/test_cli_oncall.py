@@ -123,6 +123,12 @@ def test_ls_lists_the_runs_under_a_folder_with_their_state(chain_run, mock_slurm
     assert code == EXIT_OK and set(rows) == {"demo", "second"}
     assert rows["demo"]["status"] in ("running", "waiting") and rows["demo"]["jobs"] == 3
     assert rows["second"]["status"] == "submitted, never supervised" and rows["second"]["name"] == "demo-cpu-4node"
+    # the jobs `runctl status` shows: a queued job of a run never supervised is live
+    assert (rows["second"]["jobs"], rows["second"]["live_jobs"]) == (1, 1)
+    status = json.loads(cli(capsys, "status", other, "--json")[1])
+    assert len(status["jobs"]) == rows["second"]["jobs"]
+    # its heartbeats are its job's, not "job -": the ledger names the job before a controller does
+    assert status["dashboard"]["heartbeat_job"] == status["jobs"][0]["job_id"]
     code, out = cli(capsys, "ls", tmp_path / "runs")
     assert "NAME" in out and str(other) in out
     assert cli(capsys, "ls", tmp_path / "nowhere")[0] == EXIT_USAGE

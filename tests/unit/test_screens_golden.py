@@ -135,3 +135,20 @@ def test_a_stopped_run_says_why_on_its_top_line():
         "stop_message": "run stopped by the kill switch: maintenance window (by oncall)"}}  # fmt: skip
     title = _header(data)[0].plain
     assert title == "tr11  KILLED: run stopped by the kill switch: maintenance window (by oncall)  restarts so far: 1"
+
+
+def test_a_warning_of_several_lines_shows_them_as_lines():
+    """squeue's stdout and stderr in a warning: real lines on the screen, not a literal \\n; a
+    control character inside a line is still made inert."""
+    from rich.console import Console
+
+    from orchestrator.status_screen import _warnings
+
+    problem = "`squeue --json` exited 1\n  stdout: (empty)\n  stderr: slurm_load_jobs error: Socket timed out\x1b[2J"
+    console = Console(width=100, record=True, color_system=None)
+    console.print(_warnings([f"the scheduler was not asked ({problem})"]))
+    text = console.export_text()
+    print(text)
+    assert "\\n" not in text and "\x1b" not in text and "\\x1b[2J" in text
+    assert [line.strip(" │") for line in text.splitlines()[2:4]] == [
+        "stdout: (empty)", "stderr: slurm_load_jobs error: Socket timed out\\x1b[2J)"]
