@@ -152,3 +152,12 @@ def test_a_warning_of_several_lines_shows_them_as_lines():
     assert "\\n" not in text and "\x1b" not in text and "\\x1b[2J" in text
     assert [line.strip(" │") for line in text.splitlines()[2:4]] == [
         "stdout: (empty)", "stderr: slurm_load_jobs error: Socket timed out\\x1b[2J)"]
+
+
+def test_a_job_the_kill_switch_stopped_reads_as_killed_not_failed():
+    from orchestrator.status_screen import shown_state
+
+    killed = {"state": "failed", "exit_code": 17}
+    assert shown_state(killed) == "killed"
+    assert shown_state({"state": "failed", "exit_code": 1}) == "failed"
+    assert shown_state({"state": "running", "exit_code": None}) == "running"
