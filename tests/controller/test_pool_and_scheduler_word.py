@@ -7,6 +7,7 @@ the code."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -184,6 +185,28 @@ def test_only_spares_short_is_a_chat_warning_and_the_next_job_asks_for_fewer_spa
     back = _judge(state, nodes, {}, need=4, spares=1, now=1300.0)
     assert [a.event.KIND for a in back if isinstance(a, Record)] == ["spares_for_next_job", "pool_recovered"]
     assert pool.spares_for_next_job(state, 1) == 1
+
+
+def test_the_controllers_next_submission_asks_for_the_spares_the_pool_has(mock_slurm_dir, tmp_path):
+    """The controller's own submitter (not a test's): with the pool's `spares_next` at 0 the next
+    job's script asks SLURM for the job's nodes only."""
+    from orchestrator.contract import RunPaths
+    from orchestrator.contract.state import PoolStatus
+    from orchestrator.controller import Controller
+    from orchestrator.runs import prepare_run_dir
+    from orchestrator.slurm.mock import MockScheduler
+
+    cfg = make_config(cluster={"nodes": 4, "spare_nodes": 1})
+    run = tmp_path / "run"
+    prepare_run_dir(cfg, run)
+    ctl = Controller(run, cfg, MockScheduler(mock_slurm_dir))
+    asked = {}
+    for spares_next in (None, 0):
+        ctl.state.pool = None if spares_next is None else PoolStatus(usable=4, needed=4, spares_next=0)
+        job = ctl.submitter([], "restart")
+        script = (RunPaths.of(run).job_dir(job) / "job.sbatch").read_text()
+        asked[spares_next] = re.search(r"^#SBATCH --nodes=(\d+)$", script, re.M).group(1)
+    assert asked == {None: "5", 0: "4"}
 
 
 def test_expired_probations_are_released_on_the_controllers_clock():
