@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from orchestrator.contract import ContractError, JobState, RunPaths, read_heartbeats, tail_metrics
 from orchestrator.contract.controller_beat import beat_file_age, read_beat
+from orchestrator.contract.paths import find_runs
 from orchestrator.contract.state import ControllerState, RunStatus, load_state
 
 
@@ -207,8 +208,6 @@ class FolderCollector(Collector):
         self._runs: dict[Path, RunCollector] = {}
 
     def collect(self) -> Iterator[Any]:
-        from orchestrator.cli.ls_cmd import find_runs  # noqa: PLC0415
-
         found, _capped = find_runs(self.root)
         self._runs = {run: self._runs.get(run) or RunCollector(run) for run in found}
         merged: dict[str, Any] = {}

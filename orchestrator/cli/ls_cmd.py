@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
+from orchestrator.contract.paths import MAX_DEPTH, MAX_RUNS, find_runs
 from orchestrator.errors import EXIT_OK, UsageError
-
-MAX_DEPTH = 2
-MAX_RUNS = 1000  # a listing of a huge tree stops here and says so
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,27 +28,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ls.add_argument("root", help="a folder that holds run directories, e.g. /gpfs/runs")
     ls.add_argument("--json", action="store_true", help="one JSON list")
     ls.set_defaults(func=run_ls)
-
-
-def find_runs(root: Path) -> tuple[list[Path], bool]:
-    """Run directories under `root`, sorted; True when the search stopped at MAX_RUNS."""
-    found: list[Path] = []
-    frontier = [root]
-    for depth in range(MAX_DEPTH + 1):
-        below: list[Path] = []
-        for folder in frontier:
-            if (folder / "run.yaml").is_file():
-                found.append(folder)
-                if len(found) >= MAX_RUNS:
-                    return sorted(found), True
-                continue  # a run's own folders (jobs/, checkpoints/) hold no runs
-            if depth < MAX_DEPTH:
-                try:
-                    below += [Path(e.path) for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
-                except OSError:
-                    continue  # unreadable: another team's runs
-        frontier = below
-    return sorted(found), False
 
 
 def describe_run(run_dir: Path, now: float) -> dict:
