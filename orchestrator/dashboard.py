@@ -65,6 +65,9 @@ def status_data(
         "pool": None if state.pool is None else asdict(state.pool),
         "scheduler_problem": scheduler_problem,
     }
+    beating = dashboard["heartbeat_job"]
+    if any(row["job_id"] == beating and row.get("state") == JobState.RUNNING.value for row in jobs):
+        dashboard["heartbeat_job_running"] = True  # the scheduler's word, before the controller's
     data["warnings"] = warnings(data, state.pool, state.disk_pause)
     return data
 
@@ -122,6 +125,11 @@ def dashboard_data(
     live_job = next((j for j in reversed(state.jobs) if j.state == JobState.RUNNING), None)
     ran = next((j for j in reversed(state.jobs) if j.started_at), state.jobs[-1] if state.jobs else None)
     job_id = (live_job or ran).job_id if (live_job or ran) else None
+    if job_id is None:  # submitted, not seen by a controller yet: the ledger's newest job
+        from orchestrator.runs import recorded_jobs  # noqa: PLC0415
+
+        recorded = recorded_jobs(paths.root)
+        job_id = recorded[-1].job_id if recorded else None
     controller = lock_holder(paths.root)
     nodes, ranks_expected, ranks_seen = _nodes(paths, cfg, live_job, job_id, now, controller is not None)
     events = read_events(paths.events)
@@ -251,6 +259,8 @@ def warnings(
         out.append(f"checkpoint disk {d['disk']['level']}: {d['disk']['message'] or 'see runctl events'}")
     if pool is not None and pool.short and not status.stopped:
         out.append(f"CRITICAL, the node pool is short: {pool.message or 'see runctl events'}")
+    elif pool is not None and pool.message and not status.stopped:  # fewer spares: it still trains
+        out.append(pool.message)
     if data["scheduler_problem"]:
         out.append(
             f"the scheduler was not asked ({data['scheduler_problem']}): job states are the controller's "

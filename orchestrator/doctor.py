@@ -16,13 +16,16 @@ Four checks, each a Finding (ok, or a problem that says what to do):
    job ends the controller needs a pass to resubmit, so only an absence longer than `grace`
    counts.
 3. disk: the next checkpoint fits (orchestrator.controller.disk); critical is a problem.
-5. pool: the controller's last look at SLURM's nodes left fewer usable than the job needs
-   (exclusions, down, drained, reserved): the job pends until nodes return.
+5. pool: the controller's last look at SLURM's nodes left fewer usable than the job's nodes
+   (exclusions, down, drained, reserved; spares not counted): the next job cannot start.
+6. stop: the run stopped on its own (crash loop, config error, paused for training health:
+   contract.severity.NEEDS_A_PERSON): nothing trains until a person looks. A kill or a finish
+   is ok.
 4. passes: a controller that runs but whose last FAILING_PASSES_PROBLEM passes or more all failed
    (controller.json's failing_passes) supervises nothing: a kill is not acted on, a failure not
    restarted. One failed pass is routine (squeue timing out); several in a row are a problem.
 
-Problems are notified (orchestrator.notify, kind "failure") when they change, not on every cron
+Problems are notified (orchestrator.notify, kind "doctor": a page) when they change, not on every cron
 run. Reading only: the doctor writes nothing in the run directory (it may not be the owner).
 """
 
@@ -38,6 +41,7 @@ from typing import Any
 
 from orchestrator.contract import JobState, RunPaths, atomic_write_json, read_json
 from orchestrator.contract.controller_beat import ControllerBeat, beat_file_age, read_beat
+from orchestrator.contract.severity import NEEDS_A_PERSON
 from orchestrator.contract.state import ControllerState, RunStatus, load_state
 
 STOPPED = tuple(status.value for status in RunStatus.STOPPED)
@@ -47,7 +51,7 @@ LIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.COMPLETING, JobState
 
 @dataclass
 class Finding:
-    check: str  # "controller" | "job" | "disk"
+    check: str  # "controller" | "job" | "disk" | "passes" | "pool" | "stop"
     ok: bool
     message: str
 
@@ -130,6 +134,18 @@ def check_pool(state: ControllerState, status: str) -> Finding:
     return Finding("pool", False, f"node pool short: {pool.message or 'see runctl events (pool_short)'}")
 
 
+def check_stop(paths: RunPaths, state: ControllerState, status: str) -> Finding:
+    """A run that stopped on its own needs a person, however quiet it looks."""
+    if not status or state.status not in NEEDS_A_PERSON:
+        return Finding("stop", True, f"the run is {status}" if status else "the run has not started")
+    return Finding(
+        "stop", False,
+        f"the run stopped on its own ({status}): nothing trains until a person looks. "
+        f"`runctl status {paths.root}` and `runctl events {paths.root}` say why; fix it, then "
+        f"`runctl resume {paths.root}`",
+    )  # fmt: skip
+
+
 def controller_gone(paths: RunPaths, beat: ControllerBeat) -> str | None:
     """Why the controller of `beat` is not running, or None when it may be."""
     from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
@@ -208,7 +224,7 @@ def diagnose(
     state_dir: str | os.PathLike[str] | None = None,
     now: float | None = None,
 ) -> tuple[list[Finding], dict[str, Any], Path]:
-    """The four findings, the doctor's memory (updated, not yet saved) and where it lives."""
+    """The findings, the doctor's memory (updated, not yet saved) and where it lives."""
     paths = RunPaths.of(run_dir)
     now = now if now is not None else time.time()
     where = memory_path(paths.root, state_dir)
@@ -227,6 +243,7 @@ def diagnose(
         check_disk_space(paths, cfg),
         check_passes(paths, status),
         check_pool(state, status),
+        check_stop(paths, state, status),
     ]
     return findings, memory, where
 

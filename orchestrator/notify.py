@@ -1,12 +1,16 @@
 """Notifications through apprise: Slack, Teams, PagerDuty, Matrix, e-mail, JSON webhooks and a
 hundred more services from one URL scheme (https://github.com/caronc/apprise/wiki).
 
-Where notifications go (config `notifications`):
-- `urls`: apprise URLs, e.g. `slack://T000/B000/XXXX`, `msteams://...`, `pagerduty://KEY@APIKEY`,
+Where notifications go (config `notifications`), by the kind's severity (page, chat or info:
+orchestrator/contract/severity.py, the one table):
+- `page`: apprise URLs that get pages only (a person must act: PagerDuty, Opsgenie ...);
+- `chat`: apprise URLs that get chat and pages (the team's channel);
+- `urls`: apprise URLs that get everything, e.g. `slack://T000/B000/XXXX`, `msteams://...`, `pagerduty://KEY@APIKEY`,
   `matrix://user:pass@host/#room`, `mailtos://user:pass@smtp.example.org?to=oncall@example.org`;
 - `webhook` (kept from before apprise): an http(s) URL. A URL apprise knows natively (a Slack or
   Discord hook ...) goes to that service; any other gets apprise's JSON POST, with the message
-  under "text" (what Slack-style receivers read) and "run", "event" and "host" beside it; the
+  under "text" (what Slack-style receivers read) and "run", "event", "severity" and "host"
+  beside it; the
   details are lines of the text;
 - `email` (kept): an SMTP relay without login, sent as apprise's `mailto://host:port?from=&to=`.
 
@@ -30,16 +34,27 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
+from orchestrator.contract.severity import Severity, severity_of
+
 # Services whose URL host is a server's name, not a token: the redacted form keeps it.
 SERVER_SCHEMES = ("http", "https", "json", "jsons", "mailto", "mailtos", "xml", "xmls", "form", "forms")
-FAILURE_KINDS = ("failure", "hang", "crash_loop", "disk")
-SUCCESS_KINDS = ("finish",)
+# What the lowest severity each list takes: a destination gets that severity and every higher one.
+ROUTES = (("page", Severity.PAGE), ("chat", Severity.CHAT), ("urls", Severity.INFO))
 
 
 def destinations(settings: Any, run_name: str, kind: str) -> list[tuple[str, str]]:
-    """(how a problem names it, apprise URL) of each destination of one notification: `urls`, then
-    the webhook and the e-mail relay."""
-    found = [(redact_url(url), url) for url in getattr(settings, "urls", None) or []]
+    """(how a problem names it, apprise URL) of each destination of one notification: the `page`,
+    `chat` and `urls` lists its severity reaches (a URL in two lists gets it once), then the
+    webhook and the e-mail relay (everything)."""
+    severity = severity_of(kind)
+    found: list[tuple[str, str]] = []
+    for key, lowest in ROUTES:
+        if severity.rank >= lowest.rank:
+            found += [
+                (redact_url(url) if key == "urls" else f"{key} {redact_url(url)}", url)
+                for url in getattr(settings, key, None) or []
+                if url not in {u for _, u in found}
+            ]
     if settings.webhook:
         found.append(
             (f"webhook {redact_url(settings.webhook)}", webhook_url(settings.webhook, run_name, kind))
@@ -58,7 +73,13 @@ def webhook_url(url: str, run_name: str, kind: str) -> str:
         return url
     parts = urllib.parse.urlsplit(url)
     extras = urllib.parse.urlencode(
-        {":message": "text", ":run": run_name, ":event": kind, ":host": socket.gethostname()}
+        {
+            ":message": "text",
+            ":run": run_name,
+            ":event": kind,
+            ":severity": str(severity_of(kind)),
+            ":host": socket.gethostname(),
+        }  # fmt: skip
     )
     query = f"{parts.query}&{extras}" if parts.query else extras
     scheme = "jsons" if parts.scheme == "https" else "json"
@@ -74,8 +95,8 @@ def email_url(email: Any) -> str:
 def notify(
     settings: Any, run_name: str, kind: str, message: str, details: dict[str, Any] | None = None
 ) -> list[str]:
-    """Send `kind` (failure, hang, restart, kill, crash_loop, finish, disk, straggler, health) where
-    configured. Returns the problems (empty when every destination got it)."""
+    """Send `kind` (a key of contract.severity.SEVERITY) where its severity is routed. Returns the
+    problems (empty when every destination got it)."""
     if settings is None or kind not in (settings.events or []):
         return []
     title = " ".join(f"[{run_name}] {kind}: {message}".split())[:160]  # one line: an e-mail subject
@@ -97,13 +118,11 @@ def _send(url: str, title: str, body: str, kind: str, timeout: float) -> str | N
         added = sender.add(url)
     if not added:
         return "not a URL apprise knows (see https://github.com/caronc/apprise/wiki)"
-    notify_type = (
-        apprise.NotifyType.FAILURE
-        if kind in FAILURE_KINDS
-        else apprise.NotifyType.SUCCESS
-        if kind in SUCCESS_KINDS
-        else apprise.NotifyType.WARNING
-    )
+    notify_type = {
+        Severity.PAGE: apprise.NotifyType.FAILURE,
+        Severity.CHAT: apprise.NotifyType.WARNING,
+        Severity.INFO: apprise.NotifyType.INFO,
+    }[severity_of(kind)]
     try:
         with _apprise_quiet():
             result = sender.notify(body=body, title=title, notify_type=notify_type, timeout=timeout)
@@ -140,9 +159,10 @@ def _known(url: str) -> bool:
 def unknown_urls(settings: Any, run_name: str = "run") -> list[str]:
     """What apprise cannot send to, redacted, naming the config key (for the pre-flight)."""
     problems = [
-        f"notifications.urls: {redact_url(url)} is not a URL apprise knows (see "
+        f"notifications.{key}: {redact_url(url)} is not a URL apprise knows (see "
         "https://github.com/caronc/apprise/wiki)"
-        for url in getattr(settings, "urls", None) or []
+        for key, _ in ROUTES
+        for url in getattr(settings, key, None) or []
         if not _known(url)
     ]
     if settings.email is not None and not _known(email_url(settings.email)):

@@ -3,7 +3,10 @@
     registry = run_registry(run_dir)      # a CollectorRegistry with one RunCollector
     start_http_server(port, addr, registry=registry) / write_to_textfile(path, registry)
 
-Every metric carries `run` (the config's name). What a site alerts on, and why it is clock-safe:
+Every metric carries `run`, the run's identity (its SLURM job name: the config's name and a short
+hash of the run directory, render.run_job_name: two runs of one config never share a series), and
+`run_dir`. `FolderCollector` exports every run under a folder (`runctl metrics ROOT --all`).
+What a site alerts on, and why it is clock-safe:
 - runctl_controller_passes_total and runctl_heartbeat_writes_total{rank}: counters that move
   while the controller / a rank is alive. `changes(...[5m]) == 0` needs no clock agreement
   between the exporter and the nodes; the *_age_seconds gauges beside them compare this machine's
@@ -16,6 +19,9 @@ Every metric carries `run` (the config's name). What a site alerts on, and why i
   is exported, 0 included, so that `sum(runctl_jobs) == 0` says "no job" rather than nothing).
 - runctl_stragglers and runctl_straggler_score{node}: the controller's last straggler scores
   (state.json, controller/stragglers.py).
+- runctl_pool_usable_nodes / runctl_pool_needed_nodes / runctl_pool_short / runctl_pool_spares_next:
+  the controller's last judgment of the node pool (controller/pool.py): short means the next job
+  cannot start.
 deploy/grafana/runctl.json has a panel for each, deploy/prometheus/runctl-alerts.yml the alerts
 (tests/controller/test_oncall.py checks the dashboard's names against a scrape).
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -32,6 +39,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from orchestrator.contract import ContractError, JobState, RunPaths, read_heartbeats, tail_metrics
 from orchestrator.contract.controller_beat import beat_file_age, read_beat
+from orchestrator.contract.paths import find_runs
 from orchestrator.contract.state import ControllerState, RunStatus, load_state
 
 
@@ -48,15 +56,20 @@ class RunCollector(Collector):
         return self._cfg
 
     def collect(self) -> Iterator[Any]:
+        from orchestrator.slurm.render import run_job_name  # noqa: PLC0415
+
         cfg = self._config()
-        run = cfg.name
+        run = run_job_name(cfg.name, self.paths.root)  # the run's identity, as SLURM's job name
         now = time.time()
-        yield from self._training(run)
-        yield from self._heartbeats(run, now)
-        yield from self._run_state(run)
-        yield from self._goodput_metrics(run, now, cfg)
-        yield from self._disk(run, cfg)
-        yield from self._controller(run, now)
+        for family in (
+            *self._training(run),
+            *self._heartbeats(run, now),
+            *self._run_state(run),
+            *self._goodput_metrics(run, now, cfg),
+            *self._disk(run, cfg),
+            *self._controller(run, now),
+        ):
+            yield _with_label(family, "run_dir", str(self.paths.root))
 
     def _training(self, run: str) -> Iterator[Any]:
         lines = tail_metrics(self.paths.metrics, 64 * 1024)
@@ -113,6 +126,7 @@ class RunCollector(Collector):
         yield info
         yield _live_jobs(run, state)
         yield from _stragglers(run, state)
+        yield from _pool(run, state)
 
     def _goodput_metrics(self, run: str, now: float, cfg: Any) -> Iterator[Any]:
         from orchestrator.goodput import run_breakdown  # noqa: PLC0415
@@ -185,6 +199,31 @@ class RunCollector(Collector):
         )
 
 
+class FolderCollector(Collector):
+    """Every run under a folder (`runctl metrics ROOT --all`), found again at each scrape (a new
+    run appears, a removed one goes): one family per metric, the runs' series side by side."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+        self._runs: dict[Path, RunCollector] = {}
+
+    def collect(self) -> Iterator[Any]:
+        found, _capped = find_runs(self.root)
+        self._runs = {run: self._runs.get(run) or RunCollector(run) for run in found}
+        merged: dict[str, Any] = {}
+        for collector in self._runs.values():
+            try:
+                families = list(collector.collect())
+            except (OSError, ValueError):  # a run being written or removed: the others still count
+                continue
+            for family in families:
+                if family.name in merged:
+                    merged[family.name].samples += family.samples
+                else:
+                    merged[family.name] = family
+        yield from merged.values()
+
+
 # The states a job that has not ended can be in.
 LIVE_JOB_STATES = tuple(
     s.value
@@ -223,13 +262,38 @@ def _stragglers(run: str, state: ControllerState) -> Iterator[Any]:
     yield score
 
 
+def _pool(run: str, state: ControllerState) -> Iterator[Any]:
+    """The controller's last judgment of the node pool (controller/pool.py); nothing before one."""
+    pool = state.pool
+    if pool is None:
+        return
+    yield _gauge(
+        "runctl_pool_usable_nodes",
+        "nodes SLURM would schedule and the run has not excluded",
+        run,
+        pool.usable,
+    )
+    yield _gauge("runctl_pool_needed_nodes", "the job's nodes (spares not counted)", run, pool.needed)
+    yield _gauge(
+        "runctl_pool_short", "1 when the next job cannot start: usable < needed", run, 1 if pool.short else 0
+    )
+    if pool.spares_next is not None:
+        yield _gauge("runctl_pool_spares_next", "spare nodes the next job asks for", run, pool.spares_next)
+
+
+def _with_label(family: Any, name: str, value: str) -> Any:
+    family.samples = [sample._replace(labels={**sample.labels, name: value}) for sample in family.samples]
+    return family
+
+
 def _gauge(name: str, doc: str, run: str, value: float) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=["run"])
     family.add_metric([run], float(value))
     return family
 
 
-def run_registry(run_dir: str | os.PathLike[str]) -> CollectorRegistry:
+def run_registry(run_dir: str | os.PathLike[str], *, every_run: bool = False) -> CollectorRegistry:
+    """One run's metrics, or (`every_run`) those of every run under the folder `run_dir`."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunCollector(run_dir))
+    registry.register(FolderCollector(run_dir) if every_run else RunCollector(run_dir))
     return registry

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.contract import JobState
+from orchestrator.contract.codes import ExitCode
 from orchestrator.contract.events import Event
 from orchestrator.contract.state import RunStatus
 from orchestrator.event_text import clock, duration, hosts, outcome_words, sentence, size
@@ -45,6 +46,7 @@ JOB_STATE_STYLE = {
     "held": "yellow",
     "failed": "red",
     "node_fail": "red",
+    "killed": "yellow",
 }
 # SLURM's pending reasons that people meet most, in words (others are shown as SLURM says them).
 PENDING_WORDS = {
@@ -83,6 +85,8 @@ def _header(data: dict[str, Any]) -> list[Text]:
     title.append(for_terminal(data["name"]), style="bold")
     title.append("  ")
     title.append(d["status"].upper(), style=STATUS_STYLE.get(d["status"], "white"))
+    if d.get("stop_message"):  # why it stopped, on the line people read first (a kill's reason)
+        title.append(f": {for_terminal(d['stop_message'])}", style=STATUS_STYLE.get(d["status"], "white"))
     title.append(f"  restarts so far: {d['restarts']}")
     where = Text(f"run directory {for_terminal(data['run_dir'])}", overflow="fold")
     holder = d["controller"]
@@ -112,7 +116,7 @@ def job_table(rows: list[dict[str, Any]], now: float) -> RenderableType:
     table.add_column("when", min_width=len("since 11:52 (2.2 h)"))
     table.add_column("outcome", overflow="fold")
     for row in rows:
-        state = row["state"]
+        state = shown_state(row)
         table.add_row(
             Text(for_terminal(row["job_id"])),
             Text(for_terminal(row.get("why") or row["submit_reason"] or "-")),
@@ -124,6 +128,14 @@ def job_table(rows: list[dict[str, Any]], now: float) -> RenderableType:
             Text(for_terminal(_job_outcome(row))),
         )
     return table
+
+
+def shown_state(row: dict[str, Any]) -> str:
+    """SLURM's state, except that a job the kill switch stopped (it saved and exited 17, which
+    SLURM calls FAILED) reads as killed."""
+    if row["state"] == JobState.FAILED.value and row.get("exit_code") == ExitCode.KILLED:
+        return "killed"
+    return row["state"]
 
 
 def _when(row: dict[str, Any], now: float) -> str:
@@ -261,12 +273,13 @@ def _heartbeats(d: dict[str, Any]) -> Text:
 
 
 def _warnings(items: list[str]) -> Panel:
-    """Each warning whole, wrapped under its own bullet."""
+    """Each warning whole, wrapped under its own bullet; a warning of several lines (a command's
+    stdout and stderr) keeps its lines, each made safe on its own, under the same bullet."""
     body = Table.grid(padding=(0, 1), expand=True)
     body.add_column(no_wrap=True)
     body.add_column(ratio=1, overflow="fold")
     for item in items:
-        body.add_row("-", Text(for_terminal(item)))
+        body.add_row("-", Text("\n".join(for_terminal(line) for line in item.splitlines() if line.strip())))
     return Panel(body, title="warnings", title_align="left", border_style="red", box=box.ROUNDED)
 
 

@@ -73,7 +73,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     if doctor.should_notify(findings, memory):
         message = "; ".join(f"{f.check}: {f.message}" for f in problems)
         for failure in notify(
-            cfg.notifications, cfg.name, "failure", f"runctl doctor: {message}", {"run_dir": str(paths.root)}
+            cfg.notifications, cfg.name, "doctor", f"runctl doctor: {message}", {"run_dir": str(paths.root)}
         ):
             print(f"notification failed: {failure}", file=sys.stderr)
     try:

@@ -1,4 +1,8 @@
-"""`runctl logs RUN_DIR --rank N [--job ID] [--follow]`: one rank's lines of a job's output.
+"""`runctl logs RUN_DIR (--rank N | --all | --errors) [--job ID] [--follow]`: a job's output by rank.
+
+--rank N: one rank's lines, without the label; --all: every rank's lines, interleaved as written,
+each with its label; --errors: the first failing rank's traceback (contract/rank_output.py, the
+reader the controller uses for its failure events). A rank outside the run's world size is refused.
 
 Every rank of a job writes into the one job output, jobs/slurm-<job_id>.out (the sbatch script's
 --output). srun's --label puts the task number before each line, right-aligned to the width of
@@ -12,7 +16,7 @@ import argparse
 import time
 from pathlib import Path
 
-from orchestrator.contract.rank_output import rank_lines
+from orchestrator.contract.rank_output import labelled_lines, rank_lines
 from orchestrator.errors import EXIT_OK, UsageError
 
 FOLLOW_POLL_SECONDS = 1.0
@@ -21,14 +25,23 @@ FOLLOW_POLL_SECONDS = 1.0
 def register(subparsers: argparse._SubParsersAction) -> None:
     logs = subparsers.add_parser(
         "logs",
-        help="one rank's lines of a job's output (srun --label), optionally followed",
+        help="a job's output by rank (srun --label): one rank, all, or the first error",
         description="Print the lines of one rank (srun task number) from a job's output, "
         "jobs/slurm-<job_id>.out, without the label. The job is the run's newest unless --job is "
         "given. --follow keeps printing new lines, and moves on to the next job of the run when one "
         "starts (a restart or the next job of a chain), until Ctrl-C.",
     )
     logs.add_argument("run_dir", help="run directory")
-    logs.add_argument("--rank", type=int, required=True, metavar="N", help="the rank (srun task number)")
+    which = logs.add_mutually_exclusive_group(required=True)
+    which.add_argument("--rank", type=int, metavar="N", help="the rank (srun task number), without its label")
+    which.add_argument(
+        "--all", action="store_true", help="every rank's lines, interleaved, with their labels"
+    )
+    which.add_argument(
+        "--errors",
+        action="store_true",
+        help="the first failing rank's error and traceback (not with --follow)",
+    )
     logs.add_argument("--job", metavar="ID", help="the job (default: the newest job of the run)")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
     logs.set_defaults(func=run_logs)
@@ -55,8 +68,10 @@ def run_logs(args: argparse.Namespace) -> int:
     paths = RunPaths.of(args.run_dir)
     if not paths.config.exists():
         raise UsageError(f"{paths.root} is not a run directory (no run.yaml)")
-    if args.rank < 0:
-        raise UsageError(f"--rank {args.rank}: give a rank from 0 to the world size - 1")
+    if args.rank is not None:
+        _check_rank(args.rank, paths)
+    if args.errors and args.follow:
+        raise UsageError("--errors reads a job's output once: leave out --follow")
     outputs = job_outputs(paths.jobs)
     job = args.job or newest(outputs)
     if job is None:
@@ -67,13 +82,16 @@ def run_logs(args: argparse.Namespace) -> int:
     elif job not in outputs and not args.follow:
         have = ", ".join(sorted(outputs, key=int)) or "none"
         raise UsageError(f"--job {job}: no output {paths.jobs}/slurm-{job}.out (jobs with output: {have})")
+    if args.errors:
+        return _print_error(paths.jobs / f"slurm-{job}.out")
     follower = _Follower(paths.jobs, job, args.rank, pinned=bool(args.job))
     lines = follower.read()
     for line in lines:
         print(for_terminal(line))
     if not lines and not args.follow:
+        which = f"labelled {args.rank}:" if args.rank is not None else "with a rank's label"
         print(
-            f"no lines labelled {args.rank}: in {paths.jobs}/slurm-{job}.out (lines carry their rank once "
+            f"no lines {which} in {paths.jobs}/slurm-{job}.out (lines carry their rank once "
             "the job runs srun --label; ranks count from 0)"
         )
     if not args.follow:
@@ -87,12 +105,36 @@ def run_logs(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
+def _check_rank(rank: int, paths) -> None:
+    """A rank the run has: from 0 to its world size - 1 (run.yaml's layout)."""
+    from orchestrator.runs import load_run_config  # noqa: PLC0415 - the config models
+
+    world = load_run_config(paths.root).world_size
+    if not 0 <= rank < world:
+        raise UsageError(f"--rank {rank}: the run has {world} ranks, 0 to {world - 1}")
+
+
+def _print_error(output: Path) -> int:
+    """The first failing rank's error line and traceback, made inert by the reader."""
+    from orchestrator.contract.rank_output import read_rank_error  # noqa: PLC0415
+
+    error = read_rank_error(output, None)
+    if error is None:
+        print(f"no rank printed a traceback in the tail of {output}")
+        return EXIT_OK
+    print(error.describe())
+    for line in error.lines:
+        print(f"  {line}")
+    return EXIT_OK
+
+
 class _Follower:
     """Reads one job's output incrementally, line by line (a 100-hour job of 384 ranks writes
     gigabytes: never the whole file at once); unless pinned to a job, moves on to a newer job's
     output when one appears, with a line that says so."""
 
-    def __init__(self, jobs_dir: Path, job: str | None, rank: int, pinned: bool):
+    def __init__(self, jobs_dir: Path, job: str | None, rank: int | None, pinned: bool):
+        """`rank` None: every rank's lines, each with its label."""
         self.jobs_dir, self.job, self.rank, self.pinned = jobs_dir, job, rank, pinned
         self.offset = 0
 
@@ -103,7 +145,8 @@ class _Follower:
             if latest is not None and latest != self.job:
                 if self.job is not None:
                     out += self._new_lines(final=True)
-                    out.append(f"--- runctl logs: job {latest} started; its rank {self.rank} follows")
+                    who = f"its rank {self.rank} follows" if self.rank is not None else "its ranks follow"
+                    out.append(f"--- runctl logs: job {latest} started; {who}")
                 self.job, self.offset = latest, 0
         return out + self._new_lines()
 
@@ -120,7 +163,11 @@ class _Follower:
                     if not raw.endswith(b"\n") and not final:
                         break
                     self.offset += len(raw)
-                    lines += rank_lines(raw.decode("utf-8", errors="replace"), self.rank)
+                    text = raw.decode("utf-8", errors="replace")
+                    if self.rank is None:
+                        lines += [f"{rank}: {line}" for rank, line in labelled_lines(text)]
+                    else:
+                        lines += rank_lines(text, self.rank)
         except FileNotFoundError:
             return []
         return lines

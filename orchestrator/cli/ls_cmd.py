@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
+from orchestrator.contract.paths import MAX_DEPTH, MAX_RUNS, find_runs
 from orchestrator.errors import EXIT_OK, UsageError
-
-MAX_DEPTH = 2
-MAX_RUNS = 1000  # a listing of a huge tree stops here and says so
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,32 +30,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ls.set_defaults(func=run_ls)
 
 
-def find_runs(root: Path) -> tuple[list[Path], bool]:
-    """Run directories under `root`, sorted; True when the search stopped at MAX_RUNS."""
-    found: list[Path] = []
-    frontier = [root]
-    for depth in range(MAX_DEPTH + 1):
-        below: list[Path] = []
-        for folder in frontier:
-            if (folder / "run.yaml").is_file():
-                found.append(folder)
-                if len(found) >= MAX_RUNS:
-                    return sorted(found), True
-                continue  # a run's own folders (jobs/, checkpoints/) hold no runs
-            if depth < MAX_DEPTH:
-                try:
-                    below += [Path(e.path) for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
-                except OSError:
-                    continue  # unreadable: another team's runs
-        frontier = below
-    return sorted(found), False
-
-
 def describe_run(run_dir: Path, now: float) -> dict:
     from orchestrator.contract import RunPaths  # noqa: PLC0415
     from orchestrator.contract.state import load_state  # noqa: PLC0415
     from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
-    from orchestrator.runs import run_name  # noqa: PLC0415
+    from orchestrator.runs import recorded_jobs, run_name  # noqa: PLC0415
 
     paths = RunPaths.of(run_dir)
     row = {"run_dir": str(run_dir), "name": "?", "status": "?", "jobs": 0, "live_jobs": 0,
@@ -78,8 +54,12 @@ def describe_run(run_dir: Path, now: float) -> dict:
     else:
         row["status"] = state.status.value
         row["state_age_seconds"] = max(0.0, now - paths.state.stat().st_mtime)
-    row["jobs"] = len(state.jobs)
-    row["live_jobs"] = len(state.live_jobs())
+    # The jobs `runctl status` lists (the submissions ledger and state.json): a job the controller
+    # has not settled, or has never seen (submitted, never supervised), is live.
+    settled = {j.job_id for j in state.jobs if j.outcome is not None}
+    jobs = recorded_jobs(paths.root)
+    row["jobs"] = len(jobs)
+    row["live_jobs"] = len([j for j in jobs if j.job_id not in settled])
     return row
 
 

@@ -1,4 +1,6 @@
-"""`runctl metrics RUN_DIR --listen ADDR | --textfile PATH`: the run's Prometheus metrics.
+"""`runctl metrics RUN_DIR --listen ADDR | --textfile PATH`: the run's Prometheus metrics;
+`runctl metrics ROOT --all ...`: those of every run under ROOT (as `runctl ls` finds them) on one
+port or in one file, each series labelled with its run's identity and run_dir.
 
 --listen [HOST]:PORT serves /metrics until stopped (each scrape reads the run directory), on
 127.0.0.1 unless HOST says otherwise: the endpoint has no authentication, and a run's metrics are
@@ -25,7 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "excluded nodes, stragglers, goodput and disk. deploy/grafana/ has a dashboard and "
         "deploy/prometheus/ alert rules for them.",
     )
-    metrics.add_argument("run_dir", help="run directory")
+    metrics.add_argument("run_dir", help="run directory (with --all: a folder of runs)")
+    metrics.add_argument(
+        "--all",
+        action="store_true",
+        help="export every run under RUN_DIR (folders with a run.yaml, as `runctl ls` finds them), "
+        "found again at every scrape",
+    )
     where = metrics.add_mutually_exclusive_group(required=True)
     where.add_argument(
         "--listen",
@@ -59,9 +67,13 @@ def run_metrics(args: argparse.Namespace) -> int:
     from orchestrator.prom import run_registry  # noqa: PLC0415
 
     paths = RunPaths.of(args.run_dir)
-    if not paths.config.exists():
-        raise UsageError(f"{paths.root} is not a run directory (no run.yaml)")
-    registry = run_registry(paths.root)
+    if args.all and not paths.root.is_dir():
+        raise UsageError(f"{paths.root} is not a folder: --all exports the runs under one")
+    if not args.all and not paths.config.exists():
+        raise UsageError(
+            f"{paths.root} is not a run directory (no run.yaml); `--all` exports every run under a folder"
+        )
+    registry = run_registry(paths.root, every_run=args.all)
     if args.textfile:
         if not args.textfile.endswith(".prom"):
             raise UsageError(f"--textfile {args.textfile}: node-exporter reads only files ending in .prom")
@@ -73,6 +85,7 @@ def run_metrics(args: argparse.Namespace) -> int:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
         raise UsageError(f"cannot listen on {host}:{port}: {exc}; choose another port") from None
-    print(f"serving metrics of {paths.root.name} on http://{host}:{server.server_port}/metrics", flush=True)
+    what = f"every run under {paths.root}" if args.all else paths.root.name
+    print(f"serving metrics of {what} on http://{host}:{server.server_port}/metrics", flush=True)
     while True:
         time.sleep(3600)

@@ -14,7 +14,8 @@ from .schema import RunConfig
 def check_layout(tp: int, pp: int, dp: int, world_size: int, where: str = "") -> list[str]:
     product = tp * pp * dp
     if product != world_size:
-        return [f"tp*pp*dp = {tp}*{pp}*{dp} = {product}, but {where or 'the world size'} is {world_size}"]
+        # `where` names the world size with its own factors ("the job has 48 nodes x 8 GPUs = 384").
+        return [f"tp*pp*dp = {tp}*{pp}*{dp} = {product}, but {where or f'the world size is {world_size}'}"]
     return []
 
 

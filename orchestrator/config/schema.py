@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
+from orchestrator.contract.severity import NOTIFICATION_KINDS
+
 from .section import Section
 from .site_options import (
     ENV_NAME,
@@ -484,39 +486,25 @@ class EmailConfig(Section):
     to: list[Annotated[str, StringConstraints(pattern=r"^[^\s@]+@[^\s@]+$")]] = Field(min_length=1)
 
 
+AppriseUrl = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9+.\-]*://\S+$", max_length=2048)]
+
+
 class NotificationsConfig(Section):
+    # Routing by severity (orchestrator/contract/severity.py: page, chat or info per kind).
     # apprise URLs (orchestrator/notify.py): slack://..., msteams://..., pagerduty://..., mailtos://...
-    # `runctl submit` checks that apprise knows each one.
-    urls: list[Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9+.\-]*://\S+$", max_length=2048)]] = []
-    # Kept from before apprise: an http(s) URL, sent to the service apprise recognises in it, else
-    # as apprise's JSON POST with the message under "text".
+    # `urls` get every notification; `runctl submit` checks that apprise knows each one.
+    urls: list[AppriseUrl] = []
+    # Pages only: the run stopped on its own or cannot go on (crash loop, config error, paused for
+    # health, pool short, disk full, doctor's problems). E.g. pagerduty://...
+    page: list[AppriseUrl] = []
+    # Chat and pages: what the controller handled (failures restarted, hangs, stragglers) too.
+    chat: list[AppriseUrl] = []
+    # Kept from before apprise (every notification): an http(s) URL, sent to the service apprise
+    # recognises in it, else as apprise's JSON POST with the message under "text".
     webhook: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
-    email: EmailConfig | None = None
-    events: list[
-        Literal[
-            "failure",
-            "hang",
-            "restart",
-            "kill",
-            "crash_loop",
-            "finish",
-            "disk",
-            "straggler",
-            "health",
-            "pool",
-        ]
-    ] = [
-        "failure",
-        "hang",
-        "restart",
-        "kill",
-        "crash_loop",
-        "finish",
-        "disk",
-        "straggler",
-        "health",  # training health: findings, pauses, rollbacks (controller/health_policy.py)
-        "pool",
-    ]
+    email: EmailConfig | None = None  # every notification
+    # The kinds sent at all; each kind's severity decides where it goes.
+    events: list[Literal[NOTIFICATION_KINDS]] = list(NOTIFICATION_KINDS)  # type: ignore[valid-type]
     timeout_seconds: Seconds = 10.0
 
 

@@ -236,8 +236,9 @@ class JobTraining(Event):
 
     KIND = "job_training"
     job_id: str
-    launch: int = 0
-    step: int | None = None
+    launch: int = 0  # the launcher's numbering: 0 is the job's first launch
+    step: int | None = None  # the first step seen (not where it resumed)
+    resumed_from: int | None = None  # the trainer's own word; None: it started from scratch
     checkpoint_load_seconds: float | None = None
     init_seconds: float | None = None
 

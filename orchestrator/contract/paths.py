@@ -297,3 +297,30 @@ class RunPaths:
     def aux(self) -> Path:
         """Auxiliary jobs (submitit): owner-only."""
         return self.root / "aux"
+
+
+# Runs under a folder (`runctl ls ROOT`, `runctl metrics ROOT --all`): a folder with a run.yaml,
+# at ROOT itself or up to MAX_DEPTH levels below it (e.g. /gpfs/runs/<user>/<run>).
+MAX_DEPTH = 2
+MAX_RUNS = 1000  # a listing of a huge tree stops here and says so
+
+
+def find_runs(root: Path) -> tuple[list[Path], bool]:
+    """Run directories under `root`, sorted; True when the search stopped at MAX_RUNS."""
+    found: list[Path] = []
+    frontier = [root]
+    for depth in range(MAX_DEPTH + 1):
+        below: list[Path] = []
+        for folder in frontier:
+            if (folder / "run.yaml").is_file():
+                found.append(folder)
+                if len(found) >= MAX_RUNS:
+                    return sorted(found), True
+                continue  # a run's own folders (jobs/, checkpoints/) hold no runs
+            if depth < MAX_DEPTH:
+                try:
+                    below += [Path(e.path) for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
+                except OSError:
+                    continue  # unreadable: another team's runs
+        frontier = below
+    return sorted(found), False

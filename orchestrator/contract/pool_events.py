@@ -57,7 +57,8 @@ class ProbationEnded(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class PoolShort(Event):
-    """Critical: exclusions, down, drained and reserved nodes leave fewer than the job needs."""
+    """Critical: exclusions, down, drained and reserved nodes leave fewer than the job's nodes
+    (spares not counted): the next job cannot start."""
 
     KIND = "pool_short"
     usable: int
@@ -77,3 +78,15 @@ class PoolRecovered(Event):
     usable: int
     needed: int
     short_for_seconds: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SparesForNextJob(Event):
+    """The pool has the job's nodes but not all its spares: the next job asks for `spares_next`
+    (a warning: it trains, with less room to replace a node inside it). Also when they return."""
+
+    KIND = "spares_for_next_job"
+    usable: int
+    nodes: int
+    spares: int  # configured (cluster.spare_nodes)
+    spares_next: int

@@ -150,11 +150,12 @@ class Recovery:
 class PoolStatus:
     """The node pool as the controller last judged it (controller/pool.py)."""
 
-    short: bool = False  # fewer usable nodes than the job needs
+    short: bool = False  # fewer usable nodes than the job's nodes: the next job cannot start
     usable: int = 0  # schedulable in the partition, not excluded
-    needed: int = 0  # nodes + spare_nodes
+    needed: int = 0  # the job's nodes (spares not counted)
     since: float | None = None  # the controller's clock when it became short
     message: str = ""  # what is missing and what to do, for status and doctor
+    spares_next: int | None = None  # spares the next job asks for; None: as configured
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PoolStatus:
@@ -165,6 +166,7 @@ class PoolStatus:
             needed=int_or_none(data.get("needed")) or 0,
             since=number_or_none(data.get("since")),
             message=data["message"] if isinstance(data.get("message"), str) else "",
+            spares_next=int_or_none(data.get("spares_next")),
         )
 
 

@@ -235,7 +235,7 @@ def settle(state: ControllerState, jobs: Jobs) -> list[Action]:
         return [
             Stop(
                 RunStatus.PAUSED,
-                "health",
+                "stopped",
                 "run paused for training health (the trainer saved a checkpoint): read `runctl health`, "
                 "then `runctl resume` or `runctl rollback`",
             )
@@ -243,7 +243,7 @@ def settle(state: ControllerState, jobs: Jobs) -> list[Action]:
     pending = Rollback.from_dict(state.pending_rollback) if state.pending_rollback is not None else None
     if state.status == RunStatus.ROLLING_BACK and not jobs.any_left:
         if pending is None:  # cannot happen through this module; a person decides rather than a guess
-            return [Stop(RunStatus.PAUSED, "health", "rolling back without a directive: paused")]
+            return [Stop(RunStatus.PAUSED, "stopped", "rolling back without a directive: paused")]
         return [
             PublishDirective(pending),
             WithdrawRequest(KILL_REQUEST),

@@ -201,7 +201,7 @@ def on_job_end(
     if outcome is Outcome.CONFIG_ERROR:
         return stop(
             RunStatus.CONFIG_ERROR,
-            "failure",
+            "stopped",
             f"job {record.job_id}: the trainer refused the config; fix it and `runctl resume`",
             "config error",
         )

@@ -5,12 +5,18 @@ run's exclude list to actions.
   problem (an admin or slurmctld took it out, and will return it): no exclusion, an event
   naming SLURM's state and reason.
 - Probations (`expired`): an exclusion ends at its `until`, on the controller's clock.
-- The pool (`judge`): the nodes of the job's partition that SLURM would schedule (not down,
-  drained or reserved) and the run has not excluded. Fewer than the job needs (nodes +
-  spare_nodes) is a critical event and a notification on the pass that finds it, kept in
-  state.json for `runctl status` and `runctl doctor` until it recovers (an event then too).
+- The pool (`judge`) answers whether the NEXT job can start (while a job trains on its spare,
+  that is the question that matters): the nodes of the job's partition that SLURM would
+  schedule (not down, drained or reserved) and the run has not excluded.
+  - At least nodes + spare_nodes: fine.
+  - At least `nodes`: the next job asks for the spares there are (`spares_next`, used by
+    submission.default_submitter), said once in an event and a chat notification (`spares`): it
+    starts, with less room to replace a node inside it. Not a page.
+  - Fewer than `nodes`: critical (an event, a page `pool`), kept in state.json for `runctl
+    status` and `runctl doctor` until it recovers (an event then too). The advice names the
+    probation list and the admins' drain reasons, never the nodes of the last incident.
   `exclusions.on_pool_short: release_oldest` releases the oldest probations of nodes SLURM would
-  schedule, as many as the job lacks; `wait` keeps them, and says so.
+  schedule, as many as the job's nodes lack; `wait` keeps them, and says so.
 When SLURM cannot be asked nothing here is judged (no guess from an empty answer).
 """
 
@@ -62,12 +68,15 @@ def judge(
     slurm_nodes: dict[str, NodeInfo] | None,
     exclusions: dict[str, Exclusion],
     *,
-    needed: int,
+    nodes: int,
+    spares: int,
     partition: str | None,
     policy: str,
     now: float,
     run_dir: str,
 ) -> list[Action]:
+    """The pool against the NEXT job: `nodes` it cannot start without, `spares` it asks for
+    when the pool has them (fewer when it has not: a warning, the job still trains)."""
     if not slurm_nodes:
         return []
     pool = [n for n in slurm_nodes.values() if not partition or not n.partitions or partition in n.partitions]
@@ -78,43 +87,83 @@ def judge(
     excluded = sorted(n for n in exclusions if n in schedulable)
     usable = len(schedulable) - len(excluded)
     actions: list[Action] = []
-    if usable < needed and policy == "release_oldest" and excluded:
-        oldest = sorted(excluded, key=lambda n: (exclusions[n].since or 0.0, n))[: needed - usable]
+    if usable < nodes and policy == "release_oldest" and excluded:
+        oldest = sorted(excluded, key=lambda n: (exclusions[n].since or 0.0, n))[: nodes - usable]
         actions.append(
             ReleaseExclusions(
                 tuple(oldest),
-                f"pool short ({usable} usable of {needed} needed): exclusions.on_pool_short=release_oldest",
+                f"pool short ({usable} usable of {nodes} needed): exclusions.on_pool_short=release_oldest",
             )
         )
         excluded = sorted(set(excluded) - set(oldest))
         usable += len(oldest)
     was = state.pool or PoolStatus()
-    if usable >= needed:
+    spares_next = max(0, min(spares, usable - nodes))
+    spares_before = was.spares_next if was.spares_next is not None else spares
+    if spares_next != spares_before and usable >= nodes:
+        actions += _spares_changed(usable, nodes, spares, spares_next)
+    if usable >= nodes:
         if was.short:
             since = was.since
             actions.append(
                 Record(
                     pev.PoolRecovered(
                         usable=usable,
-                        needed=needed,
+                        needed=nodes,
                         short_for_seconds=round(now - since, 1) if since is not None else None,
                     )
                 )
             )
-        summary = PoolStatus(short=False, usable=usable, needed=needed)
+        fewer = _spares_sentence(usable, nodes, spares, spares_next) if spares_next < spares else ""
+        summary = PoolStatus(short=False, usable=usable, needed=nodes, spares_next=spares_next, message=fewer)
         return actions + ([SetPool(summary)] if summary != state.pool else [])
-    message = _message(usable, needed, len(pool), excluded, down, drained, reserved, policy, run_dir)
+    newest = last_incident(exclusions)
+    message = _message(usable, nodes, len(pool), excluded, down, drained, reserved, policy, run_dir, newest)
     summary = PoolStatus(
-        short=True, usable=usable, needed=needed, since=was.since if was.short else now, message=message
-    )
+        short=True, usable=usable, needed=nodes, since=was.since if was.short else now, message=message,
+        spares_next=0,
+    )  # fmt: skip
     if not was.short:
-        details = dict(usable=usable, needed=needed, pool=len(pool), excluded=excluded, down=down,
+        details = dict(usable=usable, needed=nodes, pool=len(pool), excluded=excluded, down=down,
                        drained=drained, reserved=reserved, policy=policy)  # fmt: skip
         actions += [
             Record(pev.PoolShort(**details, message=message)),
             Notify("pool", f"CRITICAL: {message}", details),
         ]
     return actions + ([SetPool(summary)] if summary != state.pool else [])
+
+
+def spares_for_next_job(state: ControllerState, configured: int) -> int:
+    """The spares the next submission asks for: the pool's last word, never more than configured."""
+    judged = state.pool.spares_next if state.pool is not None else None
+    return configured if judged is None else min(configured, judged)
+
+
+def last_incident(exclusions: dict[str, Exclusion]) -> set[str]:
+    """The nodes excluded in the newest incident (same job, or the newest time): the least
+    likely to be healthy, never the ones to return first."""
+    if not exclusions:
+        return set()
+    newest = max(exclusions.values(), key=lambda e: (e.since or 0.0, e.node))
+    return {
+        e.node
+        for e in exclusions.values()
+        if (newest.job_id and e.job_id == newest.job_id) or (e.since or 0.0) == (newest.since or 0.0)
+    }
+
+
+def _spares_changed(usable: int, nodes: int, spares: int, spares_next: int) -> list[Action]:
+    event = pev.SparesForNextJob(usable=usable, nodes=nodes, spares=spares, spares_next=spares_next)
+    return [
+        Record(event),
+        Notify("spares", _spares_sentence(usable, nodes, spares, spares_next), event.details()),
+    ]
+
+
+def _spares_sentence(usable: int, nodes: int, spares: int, spares_next: int) -> str:
+    from orchestrator.event_text import sentence  # noqa: PLC0415 - the words live with the events
+
+    return sentence(pev.SparesForNextJob(usable=usable, nodes=nodes, spares=spares, spares_next=spares_next))
 
 
 def _message(
@@ -127,6 +176,7 @@ def _message(
     reserved: list[str],
     policy: str,
     run_dir: str,
+    newest: set[str],
 ) -> str:
     def some(nodes: list[str]) -> str:
         return ", ".join(nodes[:6]) + (f" and {len(nodes) - 6} more" if len(nodes) > 6 else "")
@@ -141,13 +191,24 @@ def _message(
         )
         if nodes
     ]
-    fix = (
-        f"`runctl nodes {run_dir}` lists the probations; `runctl nodes {run_dir} --clear NODE` returns one"
-        if excluded
-        else "ask the admins when nodes return (sinfo -R, scontrol show reservation)"
+    older = [n for n in excluded if n not in newest]
+    fixes = []
+    if excluded:
+        recent = sorted(set(excluded) & newest)
+        keep = f" ({some(recent)} failed in the last incident: keep them out)" if recent else ""
+        fixes.append(
+            f"`runctl nodes {run_dir}` lists the probations{keep}"
+            + (
+                f"; older ones ({some(older)}) may be healthy again: `--clear NODE` after checking"
+                if older
+                else ""
+            )
+        )
+    fixes.append("the admins' drain and down reasons: sinfo -R; reservations: scontrol show reservation")
+    wait = (
+        "the next job cannot start until nodes return" if policy == "wait" else "no probation left to release"
     )
-    wait = "the job cannot start until nodes return" if policy == "wait" else "no probation left to release"
     return (
         f"only {usable} of the {pool} nodes can run the job, which needs {needed}: "
-        f"{'; '.join(parts) or 'none usable'}. {wait.capitalize()}; {fix}"
+        f"{'; '.join(parts) or 'none usable'}. {wait.capitalize()}; {'; '.join(fixes)}"
     )

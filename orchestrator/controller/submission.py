@@ -27,15 +27,29 @@ from orchestrator.slurm.base import JobInfo, JobState, Scheduler
 Submitter = Callable[[list[str], str], str]
 
 
-def default_submitter(paths: RunPaths, cfg: Any, scheduler: Scheduler) -> Submitter:
-    """The run's own submission (orchestrator.runs.submit_job: the same script as `runctl submit`)."""
+def default_submitter(
+    paths: RunPaths, cfg: Any, scheduler: Scheduler, spares: Callable[[], int] | None = None
+) -> Submitter:
+    """The run's own submission (orchestrator.runs.submit_job: the same script as `runctl submit`).
+    `spares`: how many spare nodes the next job asks for (controller/pool.py lowers it while the
+    pool lacks them, so that the job does not wait in the queue for spares that are not there)."""
 
     def submit(exclude: list[str], reason: str) -> str:
         from orchestrator.runs import submit_job  # noqa: PLC0415 - the config models, loaded on first use
 
-        return str(submit_job(paths.root, cfg, scheduler, exclude=exclude, reason=reason))
+        return str(
+            submit_job(paths.root, with_spares(cfg, spares), scheduler, exclude=exclude, reason=reason)
+        )
 
     return submit
+
+
+def with_spares(cfg: Any, spares: Callable[[], int] | None) -> Any:
+    """The config with `cluster.spare_nodes` as the pool allows (the same config when it has them)."""
+    wanted = cfg.cluster.spare_nodes if spares is None else spares()
+    if wanted == cfg.cluster.spare_nodes:
+        return cfg
+    return cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"spare_nodes": wanted})})
 
 
 def find_jobs_by_name(scheduler: Scheduler, name: str) -> list[JobInfo] | None:

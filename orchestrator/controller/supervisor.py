@@ -105,7 +105,8 @@ class Controller:
         self.paths = RunPaths.of(run_dir)
         self.cfg = cfg
         self._scheduler = scheduler
-        self.submitter = submitter or default_submitter(self.paths, cfg, scheduler)
+        spares = lambda: pool.spares_for_next_job(self.state, cfg.cluster.spare_nodes)  # noqa: E731
+        self.submitter = submitter or default_submitter(self.paths, cfg, scheduler, spares)
         self.clock = clock  # wall clock of the login node: timestamps of events
         self.monotonic = monotonic  # durations and liveness (a simulation passes a virtual one)
         self.sleep = sleep
@@ -562,7 +563,7 @@ class Controller:
         )
 
     def _pool(self, done: list[str]) -> None:
-        """Probations that expired, then the pool against what the job needs (pool.py). Not while
+        """Probations that expired, then the pool against what the next job needs (pool.py). Not while
         slurmctld does not answer (scontrol would wait as long as squeue did)."""
         if self.state.status.stopped or self.memory.scheduler_down_since is not None:
             return
@@ -574,7 +575,8 @@ class Controller:
                 self.state,
                 self.observer.slurm_nodes(),
                 exclude_list.read_exclusions(self.paths),
-                needed=cluster.nodes + cluster.spare_nodes,
+                nodes=cluster.nodes,
+                spares=cluster.spare_nodes,
                 partition=cluster.partition,
                 policy=self.cfg.exclusions.on_pool_short,
                 now=now,

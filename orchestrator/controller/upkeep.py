@@ -90,6 +90,7 @@ def training_started(assessment: Assessment) -> tuple[str, ev.JobTraining] | Non
         job_id=str(assessment.job_id),
         launch=beat.launch,
         step=beat.step,
+        resumed_from=beat.resumed_from,
         checkpoint_load_seconds=beat.checkpoint_load_seconds,
         init_seconds=beat.durations.get(Phase.INIT.value),
     )
@@ -153,7 +154,11 @@ def disk_level(check: DiskCheck, current: str, paused: bool = False) -> list[Act
     ]
     if check.level in ("warning", "critical") and not paused:
         actions.append(
-            Notify("disk", f"disk {check.level}: {check.message()}", {"free_bytes": check.free_bytes})
+            Notify(
+                "disk" if check.level == "critical" else "disk_low",
+                f"disk {check.level}: {check.message()}",
+                {"free_bytes": check.free_bytes},
+            )
         )
     return actions
 

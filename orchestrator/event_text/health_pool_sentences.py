@@ -95,9 +95,19 @@ def _(e: pev.ProbationEnded) -> str:
 @says(pev.PoolShort)
 def _(e: pev.PoolShort) -> str:
     return (
-        f"CRITICAL: the node pool is short, {_n(e.usable)} usable of {_n(e.needed)} needed (of {_n(e.pool)}; "
+        f"CRITICAL: the node pool is short, {_n(e.usable)} usable of the {_n(e.needed)} the next job needs (of {_n(e.pool)}; "
         f"excluded {_nodes(e.excluded)}, down {_nodes(e.down)}, drained {_nodes(e.drained)}, reserved "
         f"{_nodes(e.reserved)}); policy {e.policy}{_reason(e.message)}"
+    )
+
+
+@says(pev.SparesForNextJob)
+def _(e: pev.SparesForNextJob) -> str:
+    if e.spares_next is not None and e.spares is not None and e.spares_next >= e.spares:
+        return f"the next job asks for its {_n(e.spares)} spare node(s) again: {_n(e.usable)} usable nodes"
+    return (
+        f"the next job asks for {_n(e.spares_next)} spare node(s) instead of {_n(e.spares)}: "
+        f"{_n(e.usable)} usable nodes, {_n(e.nodes)} to train; it can start, with less room to replace a node"
     )
 
 

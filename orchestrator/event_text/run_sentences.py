@@ -105,9 +105,8 @@ def _(e: ev.Continue) -> str:
 def _(e: ev.JobTraining) -> str:
     parts = [f"job {e.job_id} training"]
     if e.launch:
-        parts.append(f"(launch {e.launch + 1})")
-    if e.step is not None:
-        parts.append(f"from step {e.step}")
+        parts.append(f"(launch {e.launch})")  # the launcher's numbering, as the restart's words
+    parts.append(f"resumed from step {e.resumed_from}" if e.resumed_from is not None else "from the start")
     took = []
     if e.init_seconds is not None:
         took.append(f"init {duration(e.init_seconds)}")
@@ -173,7 +172,7 @@ def _(e: fev.Failure) -> str:
     srun += f"; {e.rank_error}" if e.rank_error else ""
     on = f" on {e.host}" if e.host else ""
     if e.cause == "launch_failed":
-        launch = f"launch {e.launch + 1}" if e.launch is not None else "a launch"
+        launch = f"launch {e.launch}" if e.launch is not None else "a launch"  # 0: the first
         nodes = f" (nodes {hosts(e.nodes)})" if e.nodes else ""
         return f"{launch} of job {e.job_id} failed{on}{at} ({code}){nodes}{srun}"
     return f"job {e.job_id} failed{on}{at} ({_cause(e.cause)}, {code}){srun}"

@@ -8,8 +8,9 @@ end state (COMPLETED / FAILED / CANCELLED / TIMEOUT) and the exit code.
 
 `srun_main` is the `srun` shim: it starts nodes x ntasks-per-node local processes with
 SLURM_PROCID/SLURM_LOCALID/SLURM_NODEID/SLURM_NTASKS/SLURM_JOB_NODELIST/SLURM_NNODES/SLURM_JOB_ID
-set, forwards signals to them, implements --kill-on-bad-exit and --wait, and exits with the highest
-task exit code (as srun does).
+set, forwards signals to them, implements --kill-on-bad-exit, --wait and --label (each line of a
+task's stdout and stderr prefixed with its task number, right-aligned to the width of the largest,
+as SLURM's `%*d: `), and exits with the highest task exit code (as srun does).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -207,6 +209,19 @@ def _parse_srun(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     return options, []
 
 
+_OUTPUT_LOCK = threading.Lock()
+
+
+def _relay(stream: Any, prefix: bytes) -> None:
+    """One task's output, line by line, labelled, onto srun's stdout (whole lines: never two tasks'
+    bytes within one line)."""
+    for raw in iter(stream.readline, b""):
+        with _OUTPUT_LOCK:
+            sys.stdout.buffer.write(prefix + (raw if raw.endswith(b"\n") else raw + b"\n"))
+            sys.stdout.buffer.flush()
+    stream.close()
+
+
 def srun_main(argv: list[str]) -> int:
     options, command = _parse_srun(argv)
     if not command:
@@ -223,6 +238,8 @@ def srun_main(argv: list[str]) -> int:
         file=sys.stderr,
     )
     procs = []
+    label = options.get("label", "0") not in ("0", "")
+    relays: list[threading.Thread] = []
     for rank in range(ntasks):
         node_id = rank // per_node
         env = dict(os.environ)
@@ -234,7 +251,14 @@ def srun_main(argv: list[str]) -> int:
             SLURM_TASKS_PER_NODE=f"{per_node}(x{num_nodes})",
             SLURM_CPUS_PER_TASK=options.get("cpus-per-task", os.environ.get("SLURM_CPUS_PER_TASK", "1")),
         )  # fmt: skip
-        procs.append(subprocess.Popen(command, env=env))
+        if not label:
+            procs.append(subprocess.Popen(command, env=env))
+            continue
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        prefix = f"{rank:>{len(str(ntasks - 1))}}: ".encode()
+        relays.append(threading.Thread(target=_relay, args=(proc.stdout, prefix), daemon=True))
+        relays[-1].start()
     slurm_dir = os.environ.get("RUNCTL_MOCK_SLURM_DIR")
     job_id = os.environ.get("SLURM_JOB_ID")
     if slurm_dir and job_id:
@@ -276,6 +300,8 @@ def srun_main(argv: list[str]) -> int:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
+    for relay in relays:  # every task's last lines are out before srun's own account
+        relay.join(timeout=5.0)
     # srun's own account of each task that did not exit 0 (the batch script and the controller
     # read these lines: the first one decides the job's exit code).
     for i in sorted(range(len(procs)), key=lambda k: end_times.get(k, 0.0)):

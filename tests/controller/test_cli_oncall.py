@@ -123,21 +123,37 @@ def test_ls_lists_the_runs_under_a_folder_with_their_state(chain_run, mock_slurm
     assert code == EXIT_OK and set(rows) == {"demo", "second"}
     assert rows["demo"]["status"] in ("running", "waiting") and rows["demo"]["jobs"] == 3
     assert rows["second"]["status"] == "submitted, never supervised" and rows["second"]["name"] == "demo-cpu-4node"
+    # the jobs `runctl status` shows: a queued job of a run never supervised is live
+    assert (rows["second"]["jobs"], rows["second"]["live_jobs"]) == (1, 1)
+    status = json.loads(cli(capsys, "status", other, "--json")[1])
+    assert len(status["jobs"]) == rows["second"]["jobs"]
+    # its heartbeats are its job's, not "job -": the ledger names the job before a controller does
+    assert status["dashboard"]["heartbeat_job"] == status["jobs"][0]["job_id"]
     code, out = cli(capsys, "ls", tmp_path / "runs")
     assert "NAME" in out and str(other) in out
     assert cli(capsys, "ls", tmp_path / "nowhere")[0] == EXIT_USAGE
 
 
-def test_logs_prints_one_ranks_lines(chain_run, capsys):
-    # srun --label output of 12 tasks (labels right-aligned to 2 characters), and lines of no rank
-    output = "runctl: job 1001 on node[01-04]\n 0: step 1 loss 9.1\n10: step 1 loss 9.2\n 1: hello\nsrun: error: x\n10: step 2\n"
+def test_logs_prints_one_ranks_lines_all_of_them_or_the_first_error(chain_run, capsys):
+    # srun --label output of the demo's 4 tasks, and lines of no rank
+    output = ("runctl: job 1001 on node[01-04]\n0: step 1 loss 9.1\n3: step 1 loss 9.2\n1: hello\nsrun: error: x\n"
+              "3: step 2\n2: Traceback (most recent call last):\n2:   File \"train.py\", line 7, in step\n"
+              "2: RuntimeError: CUDA error: an illegal memory access\n")  # fmt: skip
     (RunPaths.of(chain_run).jobs / "slurm-1001.out").write_text(output)
-    code, out = cli(capsys, "logs", chain_run, "--rank", "10")
+    code, out = cli(capsys, "logs", chain_run, "--rank", "3")
     assert code == EXIT_OK and out.splitlines() == ["step 1 loss 9.2", "step 2"]
     code, out = cli(capsys, "logs", chain_run, "--rank", "0", "--job", "1001")
     assert out.splitlines() == ["step 1 loss 9.1"]
     code, text = cli(capsys, "logs", chain_run, "--rank", "0", "--job", "4711")
     assert code == EXIT_USAGE and "no output" in text
+    code, text = cli(capsys, "logs", chain_run, "--rank", "4")
+    assert code == EXIT_USAGE and "--rank 4: the run has 4 ranks, 0 to 3" in text
+    code, out = cli(capsys, "logs", chain_run, "--all")
+    assert code == EXIT_OK and out.splitlines()[:3] == ["0: step 1 loss 9.1", "3: step 1 loss 9.2", "1: hello"]
+    assert "srun: error: x" not in out and len(out.splitlines()) == 7
+    code, out = cli(capsys, "logs", chain_run, "--errors")
+    assert code == EXIT_OK and out.splitlines()[0] == "rank 2: RuntimeError: CUDA error: an illegal memory access"
+    assert '  File "train.py", line 7, in step' in out
 
 
 def test_report_names_the_run_rounds_the_loss_and_prints_each_breakdown_once(chain_run, capsys):

@@ -45,7 +45,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = 12
 
 
-def e2e_config(operators: dict | None = None, spare_nodes: int = 0, checkpoint: dict | None = None):
+def e2e_config(
+    operators: dict | None = None, spare_nodes: int = 0, checkpoint: dict | None = None, notifications: dict | None = None
+):
     data = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
     data["cluster"].update(nodes=2, gpus_per_node=2, python=sys.executable, spare_nodes=spare_nodes)
     corpus = REPO / "data" / "corpus"
@@ -55,7 +57,7 @@ def e2e_config(operators: dict | None = None, spare_nodes: int = 0, checkpoint: 
     data["checkpoint"].update(interval_steps=4, **(checkpoint or {}))
     data["watchdog"].update(heartbeat_seconds=0.5, poll_seconds=0.5, dead_after_seconds=8, step_timeout_seconds=20)
     data["operators"] = operators or {"group": None, "users": []}
-    data["notifications"] = {"webhook": None, "email": None}
+    data["notifications"] = {"webhook": None, "email": None, **(notifications or {})}
     return resolve_paths(parse_config(data, source="e2e"), REPO / "configs")
 
 
@@ -67,8 +69,13 @@ def e2e_run(local_cluster):
 
     made = []
 
-    def build(operators: dict | None = None, spare_nodes: int = 0, env_extra: dict | None = None):
-        cfg = e2e_config(operators, spare_nodes)
+    def build(
+        operators: dict | None = None,
+        spare_nodes: int = 0,
+        env_extra: dict | None = None,
+        notifications: dict | None = None,
+    ):
+        cfg = e2e_config(operators, spare_nodes, notifications=notifications)
         root = Path(tempfile.mkdtemp(prefix="rc-e2e-", dir="/tmp"))
         os.chmod(root, 0o755)
         prepare_run_dir(cfg, root / "run")

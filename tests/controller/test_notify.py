@@ -25,7 +25,7 @@ def test_webhook_email_and_apprise_urls_delivered():
         # the `webhook`: apprise's JSON POST, the message under "text" (Slack-style receivers), and
         # the run, the event and the details as before
         sent = hook.received[0]
-        assert (sent["run"], sent["event"], sent["type"]) == ("demo", "hang", "failure")
+        assert (sent["run"], sent["event"], sent["type"], sent["severity"]) == ("demo", "hang", "warning", "chat")
         assert sent["text"] == "job 12: hang of 4 rank(s)\njob_id: 12"
         assert other.received[0]["title"] == "[demo] hang: job 12: hang of 4 rank(s)"
         mail = smtp.messages[0]
@@ -113,3 +113,32 @@ def test_a_reason_that_quotes_the_url_is_scrubbed():
         print(shown)
         assert not [s for s in secrets if s in shown], shown
     assert redact_url("jsons://u:p@hooks.example.org/x") == "jsons://hooks.example.org/<redacted>"
+
+
+def test_routing_by_severity_page_and_chat_each_get_their_own():
+    """Two apprise JSON endpoints (local http.server): a restart reaches chat only, a crash loop
+    reaches the pager (and chat, which sees pages), a finish neither; `urls` keeps getting all."""
+    pager, chat, everything = WebhookServer(), WebhookServer(), WebhookServer()
+    try:
+        as_json = lambda server: server.url.replace("http://", "json://")  # noqa: E731
+        cfg = make_config(
+            notifications={"page": [as_json(pager)], "chat": [as_json(chat)], "urls": [as_json(everything)]}
+        )
+        for kind in ("restart", "crash_loop", "finish"):
+            assert notify(cfg.notifications, "demo", kind, f"{kind} happened") == []
+        got = lambda server: [(m["title"].split()[1], m["type"]) for m in server.received]  # noqa: E731
+        assert got(pager) == [("crash_loop:", "failure")]
+        assert got(chat) == [("restart:", "warning"), ("crash_loop:", "failure")]
+        assert got(everything) == [("restart:", "warning"), ("crash_loop:", "failure"), ("finish:", "info")]
+    finally:
+        pager.close(), chat.close(), everything.close()
+
+
+def test_every_notification_kind_has_one_severity_and_the_stops_page_only_on_their_own():
+    from orchestrator.contract.severity import SEVERITY, Severity
+
+    cfg = make_config()
+    assert set(cfg.notifications.events) == set(SEVERITY)  # every kind is sent unless a config says not
+    assert {k for k, s in SEVERITY.items() if s is Severity.PAGE} == {"crash_loop", "stopped", "disk", "pool", "doctor"}
+    assert SEVERITY["kill"] is SEVERITY["finish"] is Severity.INFO
+    assert SEVERITY["restart"] is SEVERITY["failure"] is SEVERITY["spares"] is Severity.CHAT

@@ -55,7 +55,7 @@ def _doctor(capsys, run_dir, state_dir, *extra):
 def test_doctor_pages_when_the_controller_stops_beating(run_env, webhook, monkeypatch, capsys, tmp_path):
     url, received = webhook
     cfg, scheduler, ctl = run_env(
-        trainer_env={"FAKE_STEPS": "400"}, notifications={"webhook": url, "events": ["failure"]}
+        trainer_env={"FAKE_STEPS": "400"}, notifications={"webhook": url, "events": ["failure", "doctor"]}
     )
     monkeypatch.setattr("orchestrator.cli.watch_cmd.scheduler_for_run", lambda _run: scheduler)
     ctl.start()
@@ -94,6 +94,24 @@ def test_doctor_pages_when_the_controller_stops_beating(run_env, webhook, monkey
     assert len(received) == 3
 
 
+@pytest.mark.parametrize("status", ["crash_loop", "config_error", "paused_for_health", "killed"])
+def test_doctor_fails_on_a_run_that_stopped_on_its_own(tmp_path, monkeypatch, capsys, status):
+    """A crash-looped run looks quiet (no controller needed, no job expected): the doctor still
+    says a person must look, and exits 1; a kill an operator asked for is fine."""
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("RUNCTL_SCHEDULER", "mock")
+    monkeypatch.setenv("RUNCTL_MOCK_SLURM_DIR", str(tmp_path / "mock"))
+    assert main(["submit", str(REPO / "configs" / "demo-cpu-4node.yaml"), "--run-dir", str(run_dir)]) == 0
+    (run_dir / "state.json").write_text(json.dumps({"status": status, "jobs": []}))
+    code, found = _doctor(capsys, run_dir, tmp_path / "d")
+    stop = next(f for f in found["findings"] if f["check"] == "stop")
+    print(found)
+    if status == "killed":
+        assert code == 0 and stop["ok"]
+    else:
+        assert code == 1 and not stop["ok"] and f"stopped on its own ({status})" in stop["message"]
+
+
 def test_doctor_restarts_a_missing_controller_for_the_owner(tmp_path):
     env = {**os.environ, "RUNCTL_SCHEDULER": "mock", "RUNCTL_MOCK_SLURM_DIR": str(tmp_path / "mock"),
            "PYTHONPATH": str(REPO)}  # fmt: skip
@@ -128,7 +146,7 @@ def test_metrics_are_scraped_over_http_and_parse(run_env, tmp_path):
     assert supervise(ctl) == RunStatus.FINISHED
     # What the controller keeps after it scored stragglers and excluded a node (written by its own
     # code: the scorer's summary into state.json, the exclude list), for the dashboard's panels.
-    from orchestrator.contract.state import save_state
+    from orchestrator.contract.state import PoolStatus, save_state
     from orchestrator.controller.exclude import add_excluded
     from orchestrator.controller.stragglers import RankSample, StragglerScorer
 
@@ -137,6 +155,7 @@ def test_metrics_are_scraped_over_http_and_parse(run_env, tmp_path):
         scorer.observe("1", [RankSample(0, "node01", r, 10.0, "pp0"), RankSample(1, "node02", r, 15.0, "pp0"),
                              RankSample(2, "node03", r, 10.0, "pp0")], now=10.0 * r)  # fmt: skip
     ctl.state.stragglers = {"job_id": "1", **scorer.summary()}
+    ctl.state.pool = PoolStatus(usable=5, needed=4, spares_next=1)  # the pool panel's series
     save_state(ctl.paths, ctl.state)
     add_excluded(ctl.paths, ["node03"], reason="dead_rank in job 1", by="controller")
     port = _free_port()
@@ -152,7 +171,7 @@ def test_metrics_are_scraped_over_http_and_parse(run_env, tmp_path):
     samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            samples[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "run")))] = s.value
+            samples[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("run", "run_dir"))))] = s.value
     assert_dashboard_names_exported({name for name, _ in samples}, text)
     print({k: v for k, v in samples.items() if "time_seconds" not in k[0]})
     last = json.loads(ctl.paths.metrics.read_text().splitlines()[-1])
@@ -168,9 +187,10 @@ def test_metrics_are_scraped_over_http_and_parse(run_env, tmp_path):
     ranks = {dict(k[1])["rank"] for k in samples if k[0] == "runctl_heartbeat_age_seconds"}
     assert ranks == {str(r) for r in range(cfg.world_size)}
     assert samples[("runctl_run_status", (("status", "finished"),))] == 1
+    assert samples[("runctl_pool_short", ())] == 0 and samples[("runctl_pool_spares_next", ())] == 1
     out = tmp_path / "run.prom"
     assert main(["metrics", str(ctl.paths.root), "--textfile", str(out)]) == 0
-    assert "runctl_step 12.0" in out.read_text().replace('{run="demo-cpu-4node"}', "")
+    assert re.search(r'^runctl_step\{run="demo-cpu-4node-[0-9a-f]{6}",run_dir="[^"]+"\} 12\.0$', out.read_text(), re.M)
 
 
 def assert_dashboard_names_exported(sampled: set[str], text: str) -> None:

@@ -7,25 +7,30 @@ the code."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
+from fakes import make_config  # noqa: E402
 from test_slurm_backend_parsing import fake_tools  # noqa: E402
 
 from orchestrator.config.schema import ExclusionsConfig  # noqa: E402
 from orchestrator.contract import Exclusion, JobState  # noqa: E402
+from orchestrator.contract.severity import Severity, severity_of  # noqa: E402
 from orchestrator.contract.state import ControllerState, JobRecord  # noqa: E402
 from orchestrator.controller import jobs, pool  # noqa: E402
 from orchestrator.controller.actions import Exclude, Notify, Record, ReleaseExclusions, SetPool, UpdateJob  # noqa: E402
 from orchestrator.controller.recovery import Failure  # noqa: E402
 from orchestrator.controller.stalls import StallWatch  # noqa: E402
+from orchestrator.controller.submission import with_spares  # noqa: E402
 from orchestrator.errors import SchedulerError  # noqa: E402
 from orchestrator.slurm.base import JobInfo, NodeInfo  # noqa: E402
 from orchestrator.slurm.node_query import nodes_from_json, nodes_from_text  # noqa: E402
 from orchestrator.slurm.real import SlurmScheduler  # noqa: E402
+from orchestrator.slurm.render import render_sbatch  # noqa: E402
 
 # What Slurm 22.05's `squeue --json` printed, exit 0, with slurmctld SIGSTOPped (issue 21).
 SQUEUE_OUTAGE = {"meta": {"Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}}},
@@ -117,8 +122,10 @@ def _pool(states: dict[str, set[str]]) -> dict[str, NodeInfo]:
     return {n: NodeInfo(n, frozenset(s)) for n, s in states.items()}
 
 
-def _judge(state, nodes, exclusions, policy="wait", now=1000.0):
-    actions = pool.judge(state, nodes, exclusions, needed=3, partition=None, policy=policy, now=now, run_dir="RUN")
+def _judge(state, nodes, exclusions, policy="wait", now=1000.0, need=3, spares=0):
+    actions = pool.judge(
+        state, nodes, exclusions, nodes=need, spares=spares, partition=None, policy=policy, now=now, run_dir="RUN"
+    )
     for a in actions:
         if isinstance(a, SetPool):
             state.pool = a.status
@@ -134,7 +141,8 @@ def test_short_pool_is_one_critical_alert_then_a_recovery():
     assert kinds == ["pool_short"] and any(isinstance(a, Notify) and a.kind == "pool" for a in first)
     short = next(a.event for a in first if isinstance(a, Record))
     assert (short.usable, short.needed, short.down, short.reserved, short.excluded) == (2, 3, ["n2"], ["n3"], ["n5"])
-    assert state.pool.short and "runctl nodes RUN --clear" in state.pool.message
+    assert state.pool.short and "`runctl nodes RUN` lists the probations" in state.pool.message
+    assert "n5 failed in the last incident: keep them out" in state.pool.message and "sinfo -R" in state.pool.message
     assert not [a for a in _judge(state, nodes, excluded, now=1100.0) if isinstance(a, (Record, Notify))]
     back = _judge(state, nodes, {}, now=1300.0)
     recovered = [a.event for a in back if isinstance(a, Record)]
@@ -149,6 +157,56 @@ def test_release_oldest_releases_the_oldest_probations_the_job_lacks():
     released = [a for a in actions if isinstance(a, ReleaseExclusions)]
     assert [r.nodes for r in released] == [("n3", "n4")]  # 1 usable, 3 needed: the two oldest
     assert not [a for a in actions if isinstance(a, Record)]  # it fits after the release: no alert
+
+
+def test_only_spares_short_is_a_chat_warning_and_the_next_job_asks_for_fewer_spares(tmp_path):
+    """The demo's case: 4 nodes + 1 spare, one node lost: the job trains on its spare, the next job
+    asks for 0 spares (chat), nothing critical; one more node lost: critical (a page), and the
+    advice never returns the node of the last incident."""
+    nodes = _pool({f"n{i}": {"ALLOCATED"} for i in range(1, 6)})
+    state = ControllerState()
+    assert not [a for a in _judge(state, nodes, {}, need=4, spares=1) if isinstance(a, (Record, Notify))]
+    assert pool.spares_for_next_job(state, 1) == 1
+    lost = {"n2": Exclusion("n2", 100.0, None, job_id="7")}
+    actions = _judge(state, nodes, lost, need=4, spares=1, now=1100.0)
+    assert [a.event.KIND for a in actions if isinstance(a, Record)] == ["spares_for_next_job"]
+    assert [(a.kind, severity_of(a.kind)) for a in actions if isinstance(a, Notify)] == [("spares", Severity.CHAT)]
+    assert not state.pool.short and pool.spares_for_next_job(state, 1) == 0
+    cfg = make_config(cluster={"nodes": 4, "spare_nodes": 1})
+    assert with_spares(cfg, lambda: pool.spares_for_next_job(state, 1)).cluster.spare_nodes == 0
+    script = render_sbatch(with_spares(cfg, lambda: 0), str(tmp_path))
+    assert "#SBATCH --nodes=4\n" in script
+    again = {**lost, "n4": Exclusion("n4", 200.0, None, job_id="9")}
+    critical = _judge(state, nodes, again, need=4, spares=1, now=1200.0)
+    assert [a.event.KIND for a in critical if isinstance(a, Record)] == ["pool_short"]
+    assert [severity_of(a.kind) for a in critical if isinstance(a, Notify)] == [Severity.PAGE]
+    assert state.pool.short and "n4 failed in the last incident: keep them out" in state.pool.message
+    assert "older ones (n2) may be healthy again" in state.pool.message
+    back = _judge(state, nodes, {}, need=4, spares=1, now=1300.0)
+    assert [a.event.KIND for a in back if isinstance(a, Record)] == ["spares_for_next_job", "pool_recovered"]
+    assert pool.spares_for_next_job(state, 1) == 1
+
+
+def test_the_controllers_next_submission_asks_for_the_spares_the_pool_has(mock_slurm_dir, tmp_path):
+    """The controller's own submitter (not a test's): with the pool's `spares_next` at 0 the next
+    job's script asks SLURM for the job's nodes only."""
+    from orchestrator.contract import RunPaths
+    from orchestrator.contract.state import PoolStatus
+    from orchestrator.controller import Controller
+    from orchestrator.runs import prepare_run_dir
+    from orchestrator.slurm.mock import MockScheduler
+
+    cfg = make_config(cluster={"nodes": 4, "spare_nodes": 1})
+    run = tmp_path / "run"
+    prepare_run_dir(cfg, run)
+    ctl = Controller(run, cfg, MockScheduler(mock_slurm_dir))
+    asked = {}
+    for spares_next in (None, 0):
+        ctl.state.pool = None if spares_next is None else PoolStatus(usable=4, needed=4, spares_next=0)
+        job = ctl.submitter([], "restart")
+        script = (RunPaths.of(run).job_dir(job) / "job.sbatch").read_text()
+        asked[spares_next] = re.search(r"^#SBATCH --nodes=(\d+)$", script, re.M).group(1)
+    assert asked == {None: "5", 0: "4"}
 
 
 def test_expired_probations_are_released_on_the_controllers_clock():

@@ -249,12 +249,16 @@ def test_two_runs_of_one_config_do_not_wait_for_each_other(local_cluster, slurm_
 def test_logs_reads_one_ranks_lines_of_srun_label_output(local_cluster, slurm_scheduler, tmp_path, capsys):
     """`runctl logs RUN --rank N` on what SLURM's `srun --label` really writes: 12 tasks, so the
     labels are right-aligned to two characters (` 3: ...`, `11: ...`)."""
-    from orchestrator.config import load_config
+    import yaml
+
+    from orchestrator.config import parse_config
     from orchestrator.runs import prepare_run_dir
     from orchestrator.slurm.base import SubmitRequest
 
     run_dir = tmp_path / "run"
-    prepare_run_dir(load_config(DEMO), run_dir)
+    data = yaml.safe_load(DEMO.read_text())  # 4 nodes x 3 GPUs: 12 ranks, as the srun below
+    data["cluster"]["gpus_per_node"], data["parallel"]["global_batch_size"] = 3, 12
+    prepare_run_dir(parse_config(data, source=str(DEMO)), run_dir)
     script = tmp_path / "label.sh"
     script.write_text(f"#!/bin/bash\n#SBATCH --nodes=4\n#SBATCH --output={run_dir}/jobs/slurm-%j.out\n"
                       "echo 'not a rank line'\n"

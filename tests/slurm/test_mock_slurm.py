@@ -262,3 +262,27 @@ def test_every_release_shape_reads_to_the_same_jobs(mock_slurm_dir, tmp_path, mo
     assert sorted(readers[-1].jobs_by_name("a")) == sorted([failing, held])
     if len(readers) == 2:
         assert readers[1].slurm_release()[0] == int(release[:2])
+
+
+@pytest.mark.parametrize("label", [True, False], ids=["label", "no-label"])
+def test_mock_srun_labels_each_task_line_as_slurm_does(tmp_path, label):
+    """srun --label: every line of a task's stdout and stderr starts with its task number,
+    right-aligned to the width of the largest (12 tasks: ` 3: `, `11: `), as `runctl logs` and
+    the failing rank's reader expect; without --label the lines are the tasks' own."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SLURM_JOB_NODELIST": "node[01-04]", "PYTHONPATH": str(REPO)}
+    env.pop("RUNCTL_MOCK_SLURM_DIR", None)
+    task = "import os, sys; r = os.environ['SLURM_PROCID']; print(f'out {r}', flush=True); print(f'err {r}', file=sys.stderr)"
+    argv = ["srun", *(["--label"] if label else []), "--nodes=4", "--ntasks-per-node=3", sys.executable, "-c", task]
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.slurm.mock_cli", *argv], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    print(proc.stdout, proc.stderr)
+    assert proc.returncode == 0
+    lines = set(proc.stdout.splitlines()) | {x for x in proc.stderr.splitlines() if "NOT SLURM" not in x}
+    if label:
+        assert {f"{r:>2}: out {r}" for r in range(12)} | {f"{r:>2}: err {r}" for r in range(12)} <= lines
+        assert not [x for x in lines if x.startswith(("out", "err"))]
+    else:  # the tasks' own lines (several processes on one pipe: only the absence of labels is sure)
+        assert not [x for x in lines if re.match(r"^ *\d+: ", x)] and any(x.startswith("out") for x in lines)

@@ -67,6 +67,8 @@ _DELETE = object()
 INVALID = [
     # (key path, new value, expected fragment of the message)
     ("cluster.nodes", 24, "tp*pp*dp = 4*12*8 = 384, but the job has 24 nodes x 8 GPUs = 192"),
+    # the world size said once, with its factors (not "... = 384 is 384")
+    ("parallel.tp", 3, "tp*pp*dp = 3*12*8 = 288, but the job has 48 nodes x 8 GPUs = 384\n"),
     ("model.num_attention_heads", 110, "num_attention_heads = 110 is not divisible by parallel.tp = 4"),
     ("parallel.pp", 80, "parallel.pp = 80 stages but only 70 layers"),
     ("parallel.global_batch_size", 2050, "global_batch_size = 2050 is not divisible by micro_batch_size*dp"),

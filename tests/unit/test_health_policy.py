@@ -92,7 +92,7 @@ def test_pause_stops_through_the_kill_path_and_settles_once_the_job_is_gone():
     assert hp.settle(pausing, hp.Jobs(running="101")) == []  # still saving
     assert hp.settle(pausing, hp.Jobs(unsettled=("101",))) == []  # its end not handled yet
     [stop] = hp.settle(pausing, hp.Jobs())
-    assert isinstance(stop, Stop) and stop.status == RunStatus.PAUSED and stop.notify_kind == "health"
+    assert isinstance(stop, Stop) and stop.status == RunStatus.PAUSED and stop.notify_kind == "stopped"  # a page: a person looks
 
 
 def test_rollback_goes_back_before_the_onset_and_skips_to_the_onset_plus_margin():

@@ -96,7 +96,7 @@ def test_status(screen, run, width):
     headers = [line for line in text.splitlines() if line.split()[:3] == ["job", "why", "state"]]
     assert len(headers) == 1, "one job table"
     assert "node17: no beat for 212 s (dead after 120 s)" in text
-    assert "12:30 node23 lost in job 1001 at step 3432 (no beat for 215 s" in text
+    assert "12:30 restarting inside job 1001 from step 3419 after a lost node" in text
     matches_recorded(f"status-{width}.txt", text)
 
 
@@ -124,3 +124,40 @@ def test_report(screen, run, width, tmp_path):
     assert text.startswith("run tr11-176B-ml: 3466 steps, final loss 2.1359, status running\n")
     assert text.count("goodput (whole run)") == 1 and text.count("goodput (last 24 h)") == 1
     matches_recorded("report.txt", text)
+
+
+def test_a_stopped_run_says_why_on_its_top_line():
+    """A kill reads as killed, with its reason, on the line people read first (not only in events)."""
+    from orchestrator.status_screen import _header
+
+    data = {"name": "tr11", "run_dir": "/runs/tr11", "dashboard": {
+        "status": "killed", "restarts": 1, "controller": None, "last_pass_age": None,
+        "stop_message": "run stopped by the kill switch: maintenance window (by oncall)"}}  # fmt: skip
+    title = _header(data)[0].plain
+    assert title == "tr11  KILLED: run stopped by the kill switch: maintenance window (by oncall)  restarts so far: 1"
+
+
+def test_a_warning_of_several_lines_shows_them_as_lines():
+    """squeue's stdout and stderr in a warning: real lines on the screen, not a literal \\n; a
+    control character inside a line is still made inert."""
+    from rich.console import Console
+
+    from orchestrator.status_screen import _warnings
+
+    problem = "`squeue --json` exited 1\n  stdout: (empty)\n  stderr: slurm_load_jobs error: Socket timed out\x1b[2J"
+    console = Console(width=100, record=True, color_system=None)
+    console.print(_warnings([f"the scheduler was not asked ({problem})"]))
+    text = console.export_text()
+    print(text)
+    assert "\\n" not in text and "\x1b" not in text and "\\x1b[2J" in text
+    assert [line.strip(" │") for line in text.splitlines()[2:4]] == [
+        "stdout: (empty)", "stderr: slurm_load_jobs error: Socket timed out\\x1b[2J)"]
+
+
+def test_a_job_the_kill_switch_stopped_reads_as_killed_not_failed():
+    from orchestrator.status_screen import shown_state
+
+    killed = {"state": "failed", "exit_code": 17}
+    assert shown_state(killed) == "killed"
+    assert shown_state({"state": "failed", "exit_code": 1}) == "failed"
+    assert shown_state({"state": "running", "exit_code": None}) == "running"
