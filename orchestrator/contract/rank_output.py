@@ -7,7 +7,7 @@ tasks). Lines without a label (the batch script's, srun's own) belong to no rank
 When a launch fails, srun says only `task 3: Exited with exit code 1`; the reason is in the rank's
 own last lines (its traceback). `find_rank_error` takes the failing task srun named (or, when it
 named none, the first rank whose lines hold a traceback) and returns its error line and the lines
-before it. The output is the job's: it is read through the no-follow reader, its tail only, and
+before it. A rank that printed no error at all gives none: its last line is only where it was. The output is the job's: it is read through the no-follow reader, its tail only, and
 every line is made inert (control characters escaped, bounded length) before it reaches an event,
 a screen or a notification.
 """
@@ -25,6 +25,11 @@ LABEL = re.compile(r"^ *(\d+): ?(.*)$")
 TRACEBACK = "Traceback (most recent call last):"
 # A Python exception's last line: `ValueError: ...`, `torch.OutOfMemoryError: ...`, `KeyboardInterrupt`.
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)\b.*")
+# A line that says something failed, from a rank that printed no traceback (a C++ abort, a CUDA
+# or NCCL error, a segfault): anything else a rank printed last is only where it was.
+FAILURE_LINE = re.compile(
+    r"error|fatal|abort|segmentation fault|core dumped|out of memory|terminate called", re.IGNORECASE
+)
 TAIL_BYTES = 256 * 1024
 MAX_LINES = 20
 MAX_LINE_CHARS = 300
@@ -60,14 +65,17 @@ def _inert(line: str) -> str:
 
 
 def _error_of(rank: int, lines: list[str]) -> RankError | None:
+    """The rank's exception (its last traceback's exception line), else its last line that says
+    something failed; None when it printed neither (a rank killed mid-step: its last line is only
+    where it was, and would mislead)."""
     lines = [line for line in lines if line.strip()]
-    if not lines:
-        return None
     start = max((i for i, line in enumerate(lines) if line.strip() == TRACEBACK), default=None)
-    block = lines[start:] if start is not None else lines
-    block = block[-MAX_LINES:]
+    block = (lines[start:] if start is not None else lines)[-MAX_LINES:]
     exceptions = [line for line in block if EXCEPTION_LINE.match(line)]
-    headline = exceptions[-1] if exceptions else block[-1]
+    failures = [line for line in block if FAILURE_LINE.search(line)]
+    headline = exceptions[-1] if exceptions else failures[-1] if failures else None
+    if headline is None:
+        return None
     return RankError(rank, _inert(headline), tuple(_inert(line) for line in block))
 
 

@@ -128,7 +128,11 @@ class Observer:
 
     def rank_error(self, job_id: str, launch_end: LaunchEnd | None) -> RankError | None:
         """What the failing rank printed last, from the tail of the job's output (srun named the
-        task in `launch_end`, when it got that far)."""
+        task in `launch_end`, when it got that far). None when srun names a task killed by a
+        signal: that task printed no error, and its peers' errors (a closed connection) are
+        consequences that would read as the cause."""
+        if launch_end is not None and launch_end.blames_signalled_task:
+            return None
         task = launch_end.failed_task if launch_end is not None else None
         return read_rank_error(self.paths.job_output(job_id), task)
 

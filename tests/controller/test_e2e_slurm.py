@@ -217,6 +217,8 @@ def test_sigkilled_rank_relaunched_on_a_spare_inside_the_same_job(e2e_run, refer
     events = event_dicts(ctl.paths)
     restart = next(e for e in events if e["event"] == "restart")
     assert failure["cause"] == "launch_failed" and "Killed" in (failure.get("srun_says") or ""), failure
+    # the killed rank printed no error; its peers' (a closed connection) are not the cause
+    assert failure.get("rank_error") is None, failure
     assert restart["in_allocation"] and restart["job_id"] == failure["job_id"] == str(job_id), restart
     assert restart["resume_step"] in (4, 8) and restart["resume_step"] <= failure["last_step"], restart
     assert [j.job_id for j in ctl.state.jobs] == [str(job_id)], "one SLURM job from start to finish"

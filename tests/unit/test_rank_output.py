@@ -48,6 +48,14 @@ def test_a_rank_without_a_traceback_gives_its_last_line():
     assert found.describe() == "rank 3: Segmentation fault (core dumped)"
 
 
+def test_a_rank_that_printed_no_error_gives_none_rather_than_where_it_was():
+    killed = " 2:   File \"/w/torch/autograd/graph.py\", line 829, in _engine_run_backward\n" \
+        " 2:     return Variable._execution_engine.run_backward(\n"
+    assert find_rank_error(killed, "2") is None
+    cut = " 2: Traceback (most recent call last):\n" + killed  # killed while printing its traceback
+    assert find_rank_error(cut, "2") is None
+
+
 def test_nothing_labelled_is_no_error():
     assert find_rank_error("srun: error: n1: task 0: Killed\n", "0") is None
 
