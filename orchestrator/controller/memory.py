@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .blame import HangSuspicions
 from .checkpoints import ManifestsSeen
 from .liveness import Liveness
 from .metrics_follower import MetricsFollower
@@ -39,6 +40,7 @@ class Memory:
     node_beat_age: dict[str, float] = field(default_factory=dict)  # for controller.json (the dashboard)
     job_dirs_checked: set[str] | None = None  # jobs/<id>/ the trust check has seen (None: not listed yet)
     metrics: MetricsFollower | None = None  # made at the first look at metrics.jsonl
+    hang_suspicions: HangSuspicions = field(default_factory=HangSuspicions)  # blame.py: repeats
 
     @classmethod
     def fresh(cls, watchdog: Any) -> Memory:

@@ -53,7 +53,7 @@ from orchestrator.operators import check_trust, prepare_permissions
 from orchestrator.slurm.base import Scheduler
 from orchestrator.training_health import assess, history_length, policy_for
 
-from . import disk_pause, health_policy, jobs, launches, pool, upkeep
+from . import blame, disk_pause, health_policy, jobs, launches, pool, upkeep
 from . import exclude as exclude_list
 from . import requests as intake
 from .actions import Action, NoteMetricsRead, Notify, Record, SetOutcome
@@ -392,6 +392,9 @@ class Controller:
             if assessment.job_wide
             else None
         )
+        culprits = blame.culprit_nodes(
+            assessment, lambda f: self._node_of(f.rank, f.host, job), memory.hang_suspicions
+        )
         verdict = on_findings(
             self.state,
             job,
@@ -399,7 +402,7 @@ class Controller:
             wall_now=self.clock(),
             job_wide_for=mono - memory.job_wide_since if memory.job_wide_since is not None else 0.0,
             dead_after=self.cfg.watchdog.dead_after_seconds,
-            culprit_nodes=[self._node_of(f.rank, f.host, job) for f in assessment.culprits()],
+            culprit_nodes=culprits,
             queued_job_ids=[j.job_id for j in jobs.queued_jobs(self.state)],
         )
         if verdict.failure is not None:
@@ -478,7 +481,17 @@ class Controller:
 
     def _recover(self, failure: Failure, done: list[str]) -> None:
         if failure.culprits:  # ask SLURM before blaming: a node it downs or drains is its problem
-            kept, actions = pool.leave_to_slurm(failure, self.observer.slurm_nodes())
+            slurm_nodes = self.observer.slurm_nodes()
+            kept, actions = pool.leave_to_slurm(failure, slurm_nodes)
+            cluster = self.cfg.cluster
+            kept, capped = blame.spare_the_pool(
+                replace(failure, culprits=kept),
+                slurm_nodes,
+                exclude_list.read_exclusions(self.paths),
+                needed=cluster.nodes + cluster.spare_nodes,
+                partition=cluster.partition,
+            )
+            actions += capped
             self._apply(actions, done)
             failure = replace(failure, culprits=kept)
         resume, skipped = resume_point(self.ckpt_dir)
