@@ -196,7 +196,9 @@ def _injector(h: Harness, kind: str, injected: list[dict[str, Any]], rng: random
         elif kind in ("gpu", "software"):
             record["node"] = h.world.crash_rank(t, rng.randrange(h.world.world_size), by_signal=kind == "gpu")
         elif kind == "network":
-            h.world.hang(t)
+            # A collective of one TP group never completes (a link, a NIC): it blocks first, its
+            # peers behind it, every rank ends waiting. Its own stream: the soak's draws stay put.
+            h.world.hang(t, random.Random(int(t)).randrange(h.world.world_size), in_collective=True)
             async_error = rng.random() < NCCL_ASYNC_ERROR_SHARE
             delay = rng.uniform(*NCCL_ASYNC_ERROR_SECONDS) if async_error else NCCL_TIMEOUT_SECONDS
             record["nccl_abort_after_seconds"] = round(delay, 1)

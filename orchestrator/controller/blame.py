@@ -7,9 +7,9 @@ and the exclusion events).
 - A hang whose suspects wait like everyone else (the fault is below what marks can see: a
   collective that never completes, the network, the job): no node on the marks alone. The job is
   restarted. Independent evidence may name one node: the same single node suspected that way in
-  an earlier incident of another job (`HangSuspicions`). A node SLURM itself downs or drains is
+  another job's hang within REPEAT_WINDOW_SECONDS (`HangSuspicions`). A node SLURM itself downs or drains is
   left to SLURM before any of this (pool.leave_to_slurm).
-- Any incident (`affordable`): the exclusions must leave the job enough schedulable nodes. When
+- A hang (`affordable`): the exclusions must leave the job enough schedulable nodes. When
   they would not, only the strongest culprit (the first named) is excluded if the pool can spare
   it, else none, and the event says so: a pool emptied on a hunch stops the run for good.
 """
@@ -34,39 +34,49 @@ class HangBlame:
     why: str  # the evidence that decided, for suspects_why ("" when the marks decided)
 
 
+# A bad node hangs its job again soon after the restart; two unrelated hangs that happen to
+# suspect the same node of 48 are hours or days apart (the soak's network faults: ~1 a week).
+REPEAT_WINDOW_SECONDS = 6 * 3600.0
+
+
 @dataclass
 class HangSuspicions:
-    """Nodes suspected by a hang that the marks could not decide: node -> the job it was suspected
-    in. Kept in the controller's memory (a controller restart forgets them: at worst one more
-    restart without an exclusion)."""
+    """Nodes suspected by a hang that the marks could not decide: node -> (the job it was
+    suspected in, when, controller clock). Kept in the controller's memory (a controller restart
+    forgets them: at worst one more restart without an exclusion)."""
 
-    by_node: dict[str, str] = field(default_factory=dict)
+    by_node: dict[str, tuple[str, float]] = field(default_factory=dict)
 
-    def judge(self, suspect_nodes: list[str], sure: bool, job_id: str) -> HangBlame:
+    def judge(self, suspect_nodes: list[str], sure: bool, job_id: str, now: float) -> HangBlame:
         nodes = sorted({n for n in suspect_nodes if n})
         if sure or not nodes:
             return HangBlame(tuple(nodes), "")
-        earlier = [n for n in nodes if self.by_node.get(n) not in (None, job_id)]
+        earlier = {n: self.by_node[n] for n in nodes if n in self.by_node and self.by_node[n][0] != job_id}
+        earlier = {n: seen for n, seen in earlier.items() if now - seen[1] <= REPEAT_WINDOW_SECONDS}
         for node in nodes:
-            self.by_node.setdefault(node, job_id)
+            if self.by_node.get(node, ("", 0.0))[0] != job_id:
+                self.by_node[node] = (job_id, now)
         if len(nodes) == 1 and earlier:
             node = nodes[0]
             return HangBlame(
                 (node,),
-                f"{node} was the suspect of job {self.by_node[node]}'s hang too: excluded on the repeat",
+                f"{node} was the suspect of job {earlier[node][0]}'s hang "
+                f"{(now - earlier[node][1]) / 60:.0f} min before: excluded on the repeat",
             )
         return HangBlame((), "no node excluded on marks alone: the job restarts on the same nodes")
 
 
 def culprit_nodes(
-    assessment: Assessment, node_of: Callable[[Finding], str], suspicions: HangSuspicions
+    assessment: Assessment, node_of: Callable[[Finding], str], suspicions: HangSuspicions, now: float
 ) -> list[str]:
     """The nodes to blame for one pass's findings: the culprits' (dead ranks, or the suspects the
     marks are sure of); for suspects the marks cannot decide, what `suspicions` says, with the
     evidence added to the assessment's `suspects_why`."""
     nodes = [node_of(f) for f in assessment.culprits()]
     if assessment.suspects and not assessment.dead and not assessment.suspects_sure:
-        decided = suspicions.judge([node_of(f) for f in assessment.suspects], False, str(assessment.job_id))
+        decided = suspicions.judge(
+            [node_of(f) for f in assessment.suspects], False, str(assessment.job_id), now
+        )
         assessment.suspects_why = f"{assessment.suspects_why}; {decided.why}"
         nodes = list(decided.nodes)
     return nodes
@@ -107,7 +117,11 @@ def spare_the_pool(
     needed: int,
     partition: str | None,
 ) -> tuple[tuple[str, ...], list[Action]]:
-    """`affordable` for one failure: the culprits kept, and the event when some were spared."""
+    """`affordable` for a hang (blame from marks, however sure): the culprits kept, and the event
+    when some were spared. A dead or failed node is evidence of its own: excluded as it is (a short
+    pool then releases probations by `exclusions.on_pool_short`, pool.py)."""
+    if failure.cause != "hang":
+        return failure.culprits, []
     kept, why = affordable(failure.culprits, slurm_nodes, exclusions, needed=needed, partition=partition)
     if why is None:
         return kept, []

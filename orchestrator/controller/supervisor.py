@@ -392,9 +392,8 @@ class Controller:
             if assessment.job_wide
             else None
         )
-        culprits = blame.culprit_nodes(
-            assessment, lambda f: self._node_of(f.rank, f.host, job), memory.hang_suspicions
-        )
+        node_of = lambda f: self._node_of(f.rank, f.host, job)  # noqa: E731
+        culprits = blame.culprit_nodes(assessment, node_of, memory.hang_suspicions, self.clock())
         verdict = on_findings(
             self.state,
             job,

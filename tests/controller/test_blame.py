@@ -6,7 +6,7 @@ from __future__ import annotations
 from orchestrator.contract import Exclusion
 from orchestrator.contract.state import ControllerState
 from orchestrator.controller.actions import Record, ReleaseExclusions
-from orchestrator.controller.blame import HangSuspicions, affordable, spare_the_pool
+from orchestrator.controller.blame import REPEAT_WINDOW_SECONDS, HangSuspicions, affordable, spare_the_pool
 from orchestrator.controller.pool import judge
 from orchestrator.controller.recovery import Failure
 from orchestrator.slurm.base import NodeInfo
@@ -16,13 +16,16 @@ FIVE = {f"node0{i}": NodeInfo(f"node0{i}", frozenset({"IDLE"})) for i in range(1
 
 def test_marks_sure_blame_their_nodes_unsure_ones_only_on_a_repeat():
     seen = HangSuspicions()
-    assert seen.judge(["node02"], True, "7").nodes == ("node02",)
-    first = seen.judge(["node02"], False, "7")
+    assert seen.judge(["node02"], True, "7", 0.0).nodes == ("node02",)
+    first = seen.judge(["node02"], False, "7", 0.0)
     assert first.nodes == () and "no node excluded" in first.why
-    assert seen.judge(["node02"], False, "7").nodes == (), "the same job's hang seen twice is one incident"
-    again = seen.judge(["node02"], False, "9")
+    assert seen.judge(["node02"], False, "7", 60.0).nodes == (), "the same job's hang seen twice is one incident"
+    again = seen.judge(["node02"], False, "9", 600.0)
     assert again.nodes == ("node02",) and "job 7" in again.why and "repeat" in again.why
-    assert seen.judge(["node03", "node04"], False, "9").nodes == (), "several nodes: none on a hunch"
+    assert seen.judge(["node03", "node04"], False, "9", 700.0).nodes == (), "several nodes: none on a hunch"
+    late = HangSuspicions()
+    late.judge(["node05"], False, "7", 0.0)
+    assert late.judge(["node05"], False, "9", REPEAT_WINDOW_SECONDS + 1).nodes == (), "days apart: unrelated"
 
 
 def test_exclusions_never_leave_the_job_fewer_nodes_than_it_needs():
