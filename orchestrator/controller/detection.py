@@ -28,7 +28,11 @@ node's. Rules, for the ranks of the current incarnation of the job that is runni
   rank that beats is still in init (no marks there: time is the only evidence; a node lost in init
   ends its step or job in SLURM), or it went quiet in a save (storage is what stalls, and peers done
   with theirs wait for it; a node lost there ends its job NODE_FAIL in SLURM). A rank alone
-  silent on a node that still beats is dead at `dead_after` (frozen, SIGSTOP).
+  silent on a node that still beats is dead at `dead_after` (frozen, SIGSTOP);
+- a silent node that was asked (`probed`, controller/probe.py) is judged by its answer instead:
+  unreachable, dead now (lost); a rank stopped or running without beats, dead at `dead_after`;
+  a rank in D or its filesystem not answering, a stall up to `stall_tolerance`; undecided, the
+  rules above. `Assessment.silent_hosts` lists the nodes to ask.
 One incident is one incident: when at least half of the ranks are dead at once, the job, the
 filesystem or the network is suspected, not N nodes (`Assessment.job_wide`), and the nodes blamed
 by one incident are capped (`culprit_nodes`).
@@ -50,6 +54,7 @@ from typing import Any
 from orchestrator.contract import Heartbeat, Mark, Phase
 
 from .liveness import RankView
+from .probe import Verdict
 from .timeouts import PhaseTimeouts
 
 
@@ -100,6 +105,8 @@ class Assessment:
     suspects_why: str = ""
     # The marks alone name the suspects: they were in their own work while the others waited.
     suspects_sure: bool = False
+    # Nodes none of whose ranks beat for `silent_after` (to ask: probing.py).
+    silent_hosts: list[str] = field(default_factory=list)
 
     @property
     def dead(self) -> list[Finding]:
@@ -162,6 +169,7 @@ def assess(
     silent_after: float,
     timeouts: PhaseTimeouts,
     stall_tolerance: float = 0.0,
+    probed: dict[str, Verdict] | None = None,
 ) -> Assessment:
     """One supervision pass over the current incarnation's ranks (a plain loop: ~1 us per rank).
     `now`, `job_seen_at` and every time in `views` are on the controller's monotonic clock."""
@@ -186,12 +194,16 @@ def assess(
     silent = False
     in_init, past_init = Phase.INIT, False  # past_init: some rank that beats has left init
     over: list[tuple[RankView, float]] = []  # beats older than dead_after: dead, unless a stall
+    freshest: dict[str, float] = {}  # per host: its freshest rank's beat age
+    probed = probed or {}
     for rank, view in views.items():
         beat = view.beat
         host = beat.host
         beat_age = now - view.beat_changed
         if beat_age > host_age.get(host, -1.0):
             host_age[host] = beat_age
+        if beat_age < freshest.get(host, float("inf")):
+            freshest[host] = beat_age
         step = beat.step
         if step < min_step:
             min_step = step
@@ -204,7 +216,7 @@ def assess(
             # Leaving on purpose (its beat stops when it is gone): how it left is judged from
             # SLURM's end state and exit code, and peers stuck without it show up as a hang.
             continue
-        if beat_age > dead_after:
+        if beat_age > dead_after or (beat_age > silent_after and probed.get(host) is Verdict.LOST):
             over.append((view, beat_age))
             continue
         if beat_age > silent_after:
@@ -223,23 +235,20 @@ def assess(
             widest_limit = limit
         if now - changed > limit and beat.progress_unit != wait:
             findings.append(Finding(FindingKind.HANG, rank, host, phase.value, step, now - changed, limit))
+    result.silent_hosts = sorted(host for host, age in freshest.items() if age > silent_after)
     if over:
-        node_quiet: dict[str, float] = {}  # per host: its freshest rank's beat age
-        for view in views.values():
-            host, beat_age = view.beat.host, now - view.beat_changed
-            if beat_age < node_quiet.get(host, float("inf")):
-                node_quiet[host] = beat_age
         silent = (
             _judge_silence(
                 over,
                 findings,
-                node_quiet,
+                freshest,
                 now,
                 newest_seen,
                 dead_after,
                 silent_after,
                 stall_tolerance,
                 all_in_init=bool(judged) and not past_init,
+                probed=probed,
             )
             or silent
         )
@@ -352,6 +361,7 @@ def _judge_silence(
     silent_after: float,
     stall_tolerance: float,
     all_in_init: bool = False,
+    probed: dict[str, Verdict] | None = None,
 ) -> bool:
     """Ranks silent for more than dead_after: dead, or (the module docstring's stall rule) a stall
     to wait out. `live_progress` is the newest progress of the ranks that beat. True when some
@@ -362,7 +372,11 @@ def _judge_silence(
         beat = view.beat
         quiet = node_quiet[beat.host]
         whole_node = quiet > silent_after  # no rank of its node beats (one that does: frozen alone)
-        if (
+        answer = (probed or {}).get(beat.host, Verdict.UNDECIDED)
+        if answer is Verdict.STALL and beat_age <= stall_tolerance:
+            stalled = True  # it answered: its storage does not
+            continue
+        if answer is Verdict.UNDECIDED and (
             beat_age <= stall_tolerance
             # every node silent, or peers progressed silent_after after its whole node went quiet
             # (a node with a rank that still beats has quiet ~0: never a stall)

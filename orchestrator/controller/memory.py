@@ -12,6 +12,7 @@ from .blame import HangSuspicions
 from .checkpoints import ManifestsSeen
 from .liveness import Liveness
 from .metrics_follower import MetricsFollower
+from .probing import NodeProber
 from .stalls import StallWatch
 from .stragglers import StragglerWatch
 from .timeouts import PhaseTimeouts, silent_after
@@ -41,6 +42,7 @@ class Memory:
     job_dirs_checked: set[str] | None = None  # jobs/<id>/ the trust check has seen (None: not listed yet)
     metrics: MetricsFollower | None = None  # made at the first look at metrics.jsonl
     hang_suspicions: HangSuspicions = field(default_factory=HangSuspicions)  # blame.py: repeats
+    prober: NodeProber = field(default_factory=NodeProber)  # silent nodes asked (probing.py)
 
     @classmethod
     def fresh(cls, watchdog: Any) -> Memory:

@@ -359,6 +359,7 @@ class Controller:
             return True
         assessment = self.observer.assess(running)
         result.assessment = assessment
+        self._apply(self.observer.ask_silent_nodes(running, assessment, self._node_of), done)
         self._apply(upkeep.follow_recovery(self.state, assessment, self.clock()), done)
         started = upkeep.training_started(assessment)
         if started is not None and started[0] not in memory.training_seen:
