@@ -53,9 +53,10 @@ def five_nodes(local_cluster, tmp_path_factory):
         cluster.down()
 
 
-def demo_config():
+def demo_config(spare_nodes: int = 0):
     data = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
-    data["cluster"].update(python=sys.executable)  # the demo's 4 nodes x 1 GPU, tp=2 x pp=2, no spare
+    # The demo's 4 nodes x 1 GPU, tp=2 x pp=2 (no spare unless asked).
+    data["cluster"].update(python=sys.executable, spare_nodes=spare_nodes)
     corpus = REPO / "data" / "corpus"
     if not (REPO / "data" / "corpus.idx").exists() and (corpus / "multilingual_text_document.idx").exists():
         corpus = corpus / "multilingual_text_document"
@@ -63,6 +64,7 @@ def demo_config():
     data["checkpoint"].update(interval_steps=4)
     data["watchdog"].update(
         heartbeat_seconds=1.0, poll_seconds=1.0, dead_after_seconds=8, step_timeout_seconds=20,
+        stall_tolerance_seconds=300,
         progress_floor_seconds={"init": 90.0, "step": 4.0, "checkpoint": 4.0, "eval": 4.0},
         progress_factor=3.0, progress_cap_seconds=90.0,
     )  # fmt: skip
@@ -101,6 +103,66 @@ def test_a_rank_hung_mid_step_excludes_exactly_its_node_and_the_run_finishes(fiv
         second = ctl.state.jobs[-1]
         assert HUNG_NODE not in second.nodes and len(second.nodes) == 4, second
     finally:
+        live = [j.job_id for j in ctl.state.live_jobs()]
+        if live:
+            ctl.scheduler.cancel(live)
+        ctl.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_frozen_node_is_asked_found_stopped_dead_at_dead_after_and_training_goes_on_on_the_spare(five_nodes):
+    """Rank 1, alone on its node, is SIGSTOPped in a save (slowed to seconds): its whole node is
+    silent in a save, which the silence rule alone waits out as a storage stall (up to
+    stall_tolerance_seconds). The controller asks the node (one `srun --overlap` step): stopped (T),
+    its filesystem answers: dead at dead_after, and the job relaunches on its spare."""
+    import os
+    import signal
+
+    from orchestrator.contract import read_heartbeats
+    from orchestrator.runs import prepare_run_dir, submit_job
+    from orchestrator.slurm.real import SlurmScheduler
+
+    cfg = demo_config(spare_nodes=1)
+    root = Path(tempfile.mkdtemp(prefix="rc-probe-", dir="/tmp"))
+    env = {**five_nodes.slurm_env(), "TRAINER_TENSORBOARD": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+           "TRAINER_MAX_STEPS": str(STEPS), "TRAINER_FAULT": "slowsave@step4",
+           "TRAINER_SLOW_SAVE_CHUNK_SECONDS": "0.05"}  # fmt: skip
+    scheduler = SlurmScheduler(env=env)
+    prepare_run_dir(cfg, root / "run")
+    job_id = submit_job(root / "run", cfg, scheduler, reason="initial")
+    ctl = Controller(root / "run", cfg, scheduler, stack_wait_seconds=2.0)
+    done: dict = {}
+
+    def freeze_in_save(c: Controller) -> None:
+        if done:
+            return
+        for b in read_heartbeats(c.paths.heartbeats):
+            if b.rank == 1 and b.job_id == str(job_id) and b.phase.value == "checkpoint":
+                os.kill(b.pid, signal.SIGSTOP)
+                done.update(time=time.time(), pid=b.pid, node=b.host)
+                print(f"SIGSTOP rank 1 (pid {b.pid}) on {b.host} in the save of step {b.step}")
+
+    ctl.start()
+    try:
+        status = drive(ctl, 600, act=freeze_in_save)
+        events = event_dicts(ctl.paths)
+        probed = [e for e in events if e["event"] == "node_probed"]
+        failures = [e for e in events if e["event"] == "failure"]
+        print(f"probed: {probed}\nfailures: {[(f['cause'], f['detection_time'] - done.get('time', 0)) for f in failures]}")
+        assert done, "never saw rank 1 in its save"
+        assert status == RunStatus.FINISHED, f"{status}: {failures}\n{job_outputs(ctl.paths)}"
+        assert probed and probed[0]["node"] == done["node"] and probed[0]["verdict"] == "dead", probed
+        assert failures[0]["cause"] == "dead_rank" and [r["rank"] for r in failures[0]["ranks"]] == [1], failures
+        took = failures[0]["detection_time"] - done["time"]
+        assert took <= cfg.watchdog.dead_after_seconds + 6, f"dead {took:.1f} s after the SIGSTOP"
+        restart = next(e for e in events if e["event"] == "restart")
+        assert restart["in_allocation"], restart
+    finally:
+        if done:
+            try:
+                os.kill(done["pid"], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
         live = [j.job_id for j in ctl.state.live_jobs()]
         if live:
             ctl.scheduler.cancel(live)
