@@ -172,6 +172,7 @@ class Observer:
             lambda beat: node_of(beat.rank, beat.host, running),
             str(self.paths.root),
             getattr(self.scheduler, "probe_node", None),
+            hosts=len(assessment.host_beat_age),
         )
 
     def trust_problems(self) -> tuple[list[str], list[str]]:

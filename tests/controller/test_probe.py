@@ -83,9 +83,14 @@ def test_each_silent_node_is_asked_once_per_incident():
     prober = NodeProber()
     beats = [beat(r, 1) for r in range(4)]
     for _ in range(3):
-        actions = prober.on_pass("7", ["node02"], beats, lambda b: b.host, "/run", ask)
+        actions = prober.on_pass("7", ["node02"], beats, lambda b: b.host, "/run", ask, hosts=4)
     assert asked == ["node02"] and prober.verdicts("7") == {"node02": Verdict.DEAD} and actions == []
-    prober.on_pass("7", [], beats, lambda b: b.host, "/run", ask)  # it beats again: a new incident later
-    event = prober.on_pass("7", ["node02"], beats, lambda b: b.host, "/run", ask)[0].event
+    prober.on_pass("7", [], beats, lambda b: b.host, "/run", ask, hosts=4)  # it beats again: a new incident later
+    event = prober.on_pass("7", ["node02"], beats, lambda b: b.host, "/run", ask, hosts=4)[0].event
     assert asked == ["node02", "node02"] and event.verdict == "dead" and event.ranks == {"1": "stopped"}
-    assert NodeProber().on_pass("7", ["node02"], beats, lambda b: b.host, "/run", None) == []
+    assert NodeProber().on_pass("7", ["node02"], beats, lambda b: b.host, "/run", None, hosts=4) == []
+    # Every node silent (the filesystem): nobody asked, and an earlier verdict no longer counts.
+    assert prober.on_pass("7", [f"node0{i}" for i in range(1, 5)], beats, lambda b: b.host, "/run", ask, hosts=4) == []
+    assert asked == ["node02", "node02"] and prober.verdicts("7") == {}
+    several = NodeProber().on_pass("7", ["node01", "node02", "node03"], beats, lambda b: b.host, "/run", ask, hosts=4)
+    assert len(several) == 2, "at most MAX_ASKED_PER_PASS a pass (the next pass asks the rest)"
