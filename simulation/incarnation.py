@@ -18,7 +18,11 @@ as the trainer's beat thread reads its counters. The world writes one file per n
 controller is about to read them, so any pass spacing sees the bytes a real cluster would have
 left on disk at that instant.
 Faults: a dead rank freezes its entry; a hang stops the marks (mid-micro-batch, in the reduce
-where every rank waits, or in a save whose bytes stop) while beats go on.
+where every rank waits, or in a save whose bytes stop) while beats go on. A hang of one rank in a
+step (`hang_rank`) blocks its collective peers the way gloo and NCCL do: every other rank enters a
+collective that needs it and waits there (a WAIT mark, trainer/progress.waited): its own pipeline
+replica at its next mark (the TP all-reduce, the stage before and after it, and on through the
+pipeline), the other replicas at the step's gradient reduce (their DP peers there wait for it).
 """
 
 from __future__ import annotations
@@ -125,6 +129,7 @@ class Incarnation:
         self.slow_steps: list[float] = []  # factors of the next steps' durations (honest slowness)
         self.forced_eval_seconds: float | None = None  # an eval of this length after the next step
         self.hang_at_wait = False  # the next step's reduce never completes (every rank waits in it)
+        self.blocked: dict[int, marks.Stretch] = {}  # rank -> its marks, blocked in a collective (hang_rank)
         # Per-rank compute (straggler detection): each rank reports its own compute time of the last
         # step, its node's slowness times the step's base; the step itself waits for the slowest.
         tp = world.cfg.parallel.tp
@@ -335,8 +340,41 @@ class Incarnation:
                 self.stretch, self._snapshot = self.stretch.cut(t), None
         self.next_at, self._next = math.inf, None
 
+    def hang_rank(self, rank: int, t: float, in_collective: bool = False) -> bool:
+        """`rank` stops at t in its own work, or (`in_collective`) in a collective that never
+        completes (a link of its TP group fails: the group blocks at its next mark, the rest of its
+        replica one mark later). Its peers block as the module docstring says. Only mid-step (False
+        elsewhere: nothing done; the caller hangs the whole job)."""
+        stretch = self.stretch
+        if self.faulted_at is not None or stretch is None or self.phase is not Phase.STEP or not stretch.n:
+            return False
+        tp = self.world.cfg.parallel.tp
+        dp = self.world.world_size // (tp * self.world.cfg.parallel.pp)
+        replica, group = (rank // tp) % dp, rank // tp
+        first = stretch.next_mark(t)
+        later = stretch.next_mark(first) if in_collective else first
+        reduce_at = stretch.wait_time()
+        for other in range(self.world.world_size):
+            if other == rank and not in_collective:
+                continue
+            if other // tp == group and in_collective:
+                at = first
+            elif (other // tp) % dp == replica or reduce_at is None or reduce_at <= t:
+                at = later
+            else:
+                at = reduce_at
+            self.blocked[other] = stretch.block(at)
+        self.fault(t)
+        return True
+
+    def rank_state(self, rank: int) -> RankState:
+        """What rank r's file says now: every live rank's state, its own marks if it is blocked."""
+        state = self.snapshot_state()
+        blocked = self.blocked.get(rank)
+        return state if blocked is None else replace(state, stretch=blocked)
+
     def kill_rank(self, rank: int, t: float, exit_beat: bool = False) -> None:
-        frozen = self.snapshot_state()
+        frozen = self.rank_state(rank)
         if exit_beat:  # a Python exception: the trainer writes its exit beat before dying
             frozen = replace(frozen, phase=Phase.EXITING, exit_code=1, writes=frozen.writes + 1, last_write=t)
         self.dead.setdefault(rank, (t, frozen))
@@ -415,7 +453,7 @@ class Incarnation:
             end = min(end, died)
         if end < self.started:
             return None
-        state = state or self.snapshot_state()
+        state = state or self.rank_state(rank)
         hb = self.world.timings.heartbeat_seconds
         first = self.started + self.offsets[rank]
         grid_beats = 0 if end < first else int((end - first) // hb) + 1

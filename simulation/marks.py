@@ -12,7 +12,9 @@ making ~260 marks a step costs nothing per mark. What the trainer does, BLOOM's 
 - an eval of E seconds: one EVAL mark per eval micro-batch;
 - a phase begins with a PHASE mark.
 `mark_gaps` is what the trainer reports: per phase, the longest gap between two marks, a gap that
-ends a wait not counted. A hang cuts a stretch short (`stop`): its marks end there.
+ends a wait not counted. A hang cuts a stretch short (`stop`): its marks end there. A rank blocked
+in a collective that needs a hung peer (`block`): its marks end with a WAIT at the time it entered
+the collective (every collective is a wait, trainer/progress.waited).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ MICRO_BATCHES = 128  # per pipeline stage per step (BLOOM: global batch 2048 / d
 SAVE_CHUNKS = 100  # a rank's 6.4 GB share of a 2.47 TB checkpoint in 64 MB chunks
 LOAD_CHUNKS = 100
 _STEP_UNITS = (Mark.FORWARD.value, Mark.BACKWARD.value)
+_BEFORE = 1e-6  # the marks before a time: those strictly earlier
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class Stretch:
     tail: tuple[tuple[float, str], ...] = ()
     opening: bool = False
     stop: float = math.inf
+    blocked: float = math.inf  # entered a collective that never completes then: a WAIT, nothing after
 
     def _times(self) -> list[tuple[float, str]]:
         """The irregular marks (opening and tail) with their times; the regular ones are closed form."""
@@ -56,6 +60,12 @@ class Stretch:
 
     def at(self, t: float) -> tuple[int, str, float]:
         """(marks made by time t, the last one's unit or "", its time or -inf)."""
+        if self.blocked < t or self.blocked == t < math.inf:
+            count, _, _ = self._at(self.blocked - _BEFORE)
+            return count + 1, Mark.WAIT.value, self.blocked
+        return self._at(t)
+
+    def _at(self, t: float) -> tuple[int, str, float]:
         t = min(t, self.stop, self.end)
         count, unit, when = 0, "", -math.inf
         if self.opening and t >= self.start:
@@ -74,6 +84,15 @@ class Stretch:
         """The longest counted gap between two marks up to time t (a mark at `start` is assumed:
         this stretch's opening one or the previous stretch's last, never a wait). Includes the
         closing gap when t reaches `end`."""
+        # Blocked: the work up to the collective is a gap, the wait in it is not.
+        if self.blocked < t or self.blocked == t < math.inf:
+            _, unit, when = self._at(self.blocked - _BEFORE)
+            last = when if when > -math.inf else self.start
+            work = 0.0 if unit == Mark.WAIT.value else self.blocked - last
+            return max(self._longest_gap(self.blocked - _BEFORE), work)
+        return self._longest_gap(t)
+
+    def _longest_gap(self, t: float) -> float:
         t = min(t, self.stop, self.end)
         longest = 0.0
         last_time, last_wait = self.start, False
@@ -96,6 +115,17 @@ class Stretch:
 
     def cut(self, t: float) -> Stretch:
         return replace(self, stop=min(self.stop, t))
+
+    def block(self, t: float) -> Stretch:
+        """Blocked from t in a collective that never completes (its marks before t stand)."""
+        return replace(self, stop=min(self.stop, t), blocked=min(self.blocked, t))
+
+    def next_mark(self, t: float) -> float:
+        """When its first mark after t falls (inf: none before its end)."""
+        first = self.start + self.lead
+        if self.n and t < first + (self.n - 1) * self.every:
+            return first if t < first else first + (int((t - first) / self.every) + 1) * self.every
+        return min((when for when, _ in self._times() if when > t), default=math.inf)
 
     def wait_time(self) -> float | None:
         """When its WAIT mark falls (a step's entry into the reduce), if it has one."""

@@ -20,8 +20,8 @@ Accounting: the world's ledger charges every second of the month to one cause (w
 steps whose work survived (the last completion of each step index) are the useful time, the
 other step time is "recomputed". Each injected fault is matched with the controller's events: a
 `failure` event for the faulted job after the fault is a detection; a `failure` event for a job
-with no injected fault is a false positive; an excluded node that no fault touched is a false
-exclusion.
+with no injected fault is a false positive; a node excluded at any time of the month that no fault
+touched is a false exclusion.
 """
 
 from __future__ import annotations
@@ -196,7 +196,9 @@ def _injector(h: Harness, kind: str, injected: list[dict[str, Any]], rng: random
         elif kind in ("gpu", "software"):
             record["node"] = h.world.crash_rank(t, rng.randrange(h.world.world_size), by_signal=kind == "gpu")
         elif kind == "network":
-            h.world.hang(t)
+            # A collective of one TP group never completes (a link, a NIC): it blocks first, its
+            # peers behind it, every rank ends waiting. Its own stream: the soak's draws stay put.
+            h.world.hang(t, random.Random(int(t)).randrange(h.world.world_size), in_collective=True)
             async_error = rng.random() < NCCL_ASYNC_ERROR_SHARE
             delay = rng.uniform(*NCCL_ASYNC_ERROR_SECONDS) if async_error else NCCL_TIMEOUT_SECONDS
             record["nccl_abort_after_seconds"] = round(delay, 1)
@@ -241,7 +243,10 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
             missed.append(fault)
     false_positives = [e[2].to_dict() for i, e in enumerate(failures) if i not in matched]
     faulty_nodes = {f["node"] for f in real if f["node"]}
-    false_exclusions = sorted(set(h.excluded()) - faulty_nodes)
+    # Every node excluded during the month, not only those still excluded at its end: a probation
+    # that expired before then was an exclusion all the same.
+    excluded_ever = {n for e in h.events if isinstance(e[2], fev.NodesExcluded) for n in e[2].nodes}
+    false_exclusions = sorted((excluded_ever | set(h.excluded())) - faulty_nodes)
     # Restart cost R: from each fault to the next first step of training.
     trainings = [t for t, what, _ in h.world.notes if what == "training"]
     costs = [min((x for x in trainings if x > f["t"]), default=wall) - f["t"] for f in real]

@@ -334,9 +334,13 @@ class World:
         self.slurm.fail_node(node, t, requeue=requeue)
         return node
 
-    def hang(self, t: float) -> None:
+    def hang(self, t: float, rank: int | None = None, in_collective: bool = False) -> None:
+        """The running job hangs at t: every rank at once (a collective that never completes
+        anywhere), or `rank` (in its own work, or in a collective its TP group never completes)
+        with its peers blocked behind it (Incarnation.hang_rank; mid-step only, else every rank)."""
         if inc := self.running_incarnation():
-            inc.fault(t)
+            if rank is None or not inc.hang_rank(rank, t, in_collective):
+                inc.fault(t)
 
     def stall_filesystem(self, t: float, seconds: float) -> None:
         self.stall_until = t + seconds

@@ -217,26 +217,54 @@ def install_progress_marks(engine) -> None:
         wrap_instruction(engine, p2p, around=waiting)
 
 
-def install_barrier_waits() -> None:
-    """DeepSpeed's own barriers (in its checkpoint save and load, among others) are waits for the
-    peers, marked WAIT like ours (trainer/checkpoint_format.py): the ranks waiting at one are not
-    the rank holding them up. Every `deepspeed.comm.barrier` goes to the communication backend's
-    `barrier` (comm.cdb, set by init_distributed), so the hook is on that one object. Idempotent."""
+# DeepSpeed's blocking collectives (deepspeed/comm/torch.py's TorchBackend): ZeRO-1's reduce-scatter
+# and all-gather, the data-parallel gradient reduce, the tied-embedding reduce, the pipeline's
+# sends and receives, the barriers of its checkpoint save and load. The non-blocking ones (isend,
+# irecv) return at once and are left alone.
+DEEPSPEED_COLLECTIVES = (
+    "all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
+    "broadcast_object_list", "all_gather", "all_gather_into_tensor", "all_gather_base", "all_gather_coalesced",
+    "all_gather_object", "all_to_all_single", "all_to_all", "send", "recv", "gather", "scatter", "barrier",
+    "monitored_barrier",
+)
+
+
+def install_collective_waits() -> list[str]:
+    """Every collective DeepSpeed calls is a wait for the peers (trainer.progress.waited), like
+    ours (trainer/parallel/, trainer/checkpoint_format.py): a rank blocked in ZeRO's reduce-scatter
+    or at a barrier is not the rank holding the others up. Every `deepspeed.comm.X` goes to the
+    communication backend's `X` (comm.cdb, set by init_distributed), so the hooks are on that one
+    object. Idempotent; returns the names wrapped this time."""
     from deepspeed.comm import comm
 
-    from trainer.progress import waiting
+    from trainer.progress import waited
 
     backend = comm.cdb
-    if backend is None or getattr(backend.barrier, "marks_wait", False):
-        return
-    inner = backend.barrier
+    wrapped: list[str] = []
+    if backend is None:
+        return wrapped
+    for name in DEEPSPEED_COLLECTIVES:
+        inner = getattr(backend, name, None)
+        if inner is None or getattr(inner, "marks_wait", False):
+            continue
 
-    def barrier(*args, **kwargs):
-        with waiting():
-            return inner(*args, **kwargs)
+        def collective(*args, _inner=inner, **kwargs):
+            return waited(_inner, *args, **kwargs)
 
-    barrier.marks_wait = True
-    backend.barrier = barrier
+        collective.marks_wait = True
+        setattr(backend, name, collective)
+        wrapped.append(name)
+    return wrapped
+
+
+def uninstall_collective_waits() -> None:
+    """Back to DeepSpeed's own calls (bench/progress_counting.py's side-by-side)."""
+    from deepspeed.comm import comm
+
+    backend = comm.cdb
+    for name in DEEPSPEED_COLLECTIVES:
+        if backend is not None and getattr(getattr(backend, name, None), "marks_wait", False):
+            delattr(backend, name)
 
 
 def install_replicated_grad_sync(engine, tp: int) -> None:

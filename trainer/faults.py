@@ -1,6 +1,9 @@
 """TEST-ONLY fault injection: env TRAINER_FAULT makes a rank fail on purpose at a given step.
 
-    TRAINER_FAULT=nan@step5,hang@step7:rank1        KIND@stepN[:rankR], comma-separated
+    TRAINER_FAULT=nan@step5,hang@step7:rank1        KIND@stepN[:rankR|:NODE], comma-separated
+
+A fault aimed at a node (`hang@step6:node02`) hits the rank running there (SLURMD_NODENAME) and
+nobody once the node is left out: a bad node, not a bad rank.
 
 Kinds (what happens at the start of step N, on every rank or only on rank R):
     nan      the loss (hence every gradient) of step N is NaN: the step must be skipped and logged
@@ -92,6 +95,7 @@ class Fault:
     step: int
     rank: int | None = None
     end: int | None = None
+    node: str | None = None
 
 
 def parse_faults(text: str) -> list[Fault]:
@@ -110,12 +114,15 @@ def parse_faults(text: str) -> list[Fault]:
                     raise ValueError
                 faults.append(Fault(kind, first, end=end))
                 continue
-            if kind not in KINDS or not where.startswith("step") or (rank and not rank.startswith("rank")):
+            if kind not in KINDS or not where.startswith("step"):
                 raise ValueError
+            if rank and not rank.startswith("rank"):
+                faults.append(Fault(kind, int(where[4:]), node=rank))
+                continue
             faults.append(Fault(kind, int(where[4:]), int(rank[4:]) if rank else None))
         except ValueError:
             raise ValueError(
-                f"TRAINER_FAULT item {item!r}: expected KIND@stepN[:rankR] with KIND in {KINDS}, "
+                f"TRAINER_FAULT item {item!r}: expected KIND@stepN[:rankR|:NODE] with KIND in {KINDS}, "
                 "or poison@samplesA-B"
             ) from None
     return faults
@@ -137,7 +144,8 @@ class FaultInjector:
     of a `nan` step (never an evaluation's: the module is in eval mode then)."""
 
     def __init__(self, faults: list[Fault], rank: int):
-        self.faults = [f for f in faults if f.rank is None or f.rank == rank]
+        node = os.environ.get("SLURMD_NODENAME")
+        self.faults = [f for f in faults if (f.rank is None or f.rank == rank) and (f.node is None or f.node == node)]
         self.rank = rank
         self._nan_step = False
         self._spike_step = False

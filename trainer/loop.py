@@ -183,7 +183,7 @@ class Trainer:
         # Fine progress for the heartbeat (trainer/progress.py): micro-batches, reduce, optimizer,
         # checkpoint bytes. The faults' hooks go in too (TEST-ONLY, inert without TRAINER_FAULT).
         eng.install_progress_marks(self.engine)
-        eng.install_barrier_waits()
+        eng.install_collective_waits()
         install_counting_checkpoint_engine(self.engine, after_chunk=self.faults.save_chunk_hook())
         self.faults.wrap_engine(self.engine)
         groups = self.engine.optimizer.param_groups

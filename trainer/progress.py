@@ -5,7 +5,9 @@ A step is not atomic: a BLOOM stage does 128 micro-batches forward and backward 
 reduce and an optimizer step. A rank that finished none of these for a few times the longest
 honest gap between two of them is stuck, whatever its step time. Hooks call `mark()`:
 trainer/engine.py (pipeline instructions), trainer/progress_io.py (checkpoint bytes written,
-read and hashed), trainer/checkpoint_format.py (barriers); the heartbeat thread reads `COUNTER`.
+read and hashed), trainer/checkpoint_format.py (barriers), every collective (`waited`: the tensor-
+parallel ones in trainer/parallel/, DeepSpeed's through trainer/engine.install_collective_waits);
+the heartbeat thread reads `COUNTER`.
 
 Cheap by construction (bench/progress_counting.py measures it): one `time.monotonic()` call, a
 few attribute stores and `next()` on an itertools.count per mark, no lock. `next()` on a count is
@@ -74,8 +76,8 @@ mark = COUNTER.mark
 def waiting() -> Iterator[None]:
     """Around a point where this rank waits for its peers (a barrier, a gather): the beat says
     `wait` meanwhile, and the unit it was working in comes back (as a mark) when the wait ends.
-    A wait inside a wait (a DeepSpeed barrier, trainer/engine.install_barrier_waits, inside one of
-    ours) is the same wait: no marks, so the outer one still says `wait` after the inner ends."""
+    A wait inside a wait (a DeepSpeed collective, trainer/engine.install_collective_waits, inside one
+    of ours) is the same wait: no marks, so the outer one still says `wait` after the inner ends."""
     before = COUNTER.unit
     if before is Mark.WAIT:
         yield
@@ -85,6 +87,23 @@ def waiting() -> Iterator[None]:
         yield
     finally:
         COUNTER.mark(before if before is not None else Mark.PHASE)
+
+
+def waited(call, *args, **kwargs):
+    """`call(*args, **kwargs)` as a wait for the peers: a collective (all-reduce, all-gather,
+    reduce-scatter, broadcast, send/recv, barrier). A rank inside one waits for the rank that has not
+    entered it yet, and must not look like a rank stuck in its own work. `waiting()` as a plain
+    function: two marks and no generator frame, so that the ~20 collectives of a micro-batch's
+    forward and backward cost well under 1% of the step (bench/progress_counting.py)."""
+    counter = COUNTER
+    before = counter.unit
+    if before is Mark.WAIT:
+        return call(*args, **kwargs)
+    counter.mark(Mark.WAIT)
+    try:
+        return call(*args, **kwargs)
+    finally:
+        counter.mark(before if before is not None else Mark.PHASE)
 
 
 def sha256_counted(path: Path, unit: Mark, chunk: int = 1 << 22) -> str:

@@ -12,6 +12,20 @@ from .events import Event
 
 
 @dataclass(frozen=True, kw_only=True)
+class NodeProbed(Event):
+    """A node whose every rank went silent while the job ran was asked (controller/probe.py):
+    `verdict` lost, dead, stall or undecided, `why` in words, `ranks` rank -> process state."""
+
+    KIND = "node_probed"
+    job_id: str
+    node: str
+    verdict: str
+    why: str
+    fs_answers: bool | None = None
+    ranks: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobWideStall(Event):
     KIND = "job_wide_stall"
     job_id: str

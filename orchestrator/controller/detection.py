@@ -28,10 +28,21 @@ node's. Rules, for the ranks of the current incarnation of the job that is runni
   rank that beats is still in init (no marks there: time is the only evidence; a node lost in init
   ends its step or job in SLURM), or it went quiet in a save (storage is what stalls, and peers done
   with theirs wait for it; a node lost there ends its job NODE_FAIL in SLURM). A rank alone
-  silent on a node that still beats is dead at `dead_after` (frozen, SIGSTOP).
+  silent on a node that still beats is dead at `dead_after` (frozen, SIGSTOP);
+- a silent node that was asked (`probed`, controller/probe.py) is judged by its answer instead:
+  unreachable, dead now (lost); a rank stopped or running without beats, dead at `dead_after`;
+  a rank in D or its filesystem not answering, a stall up to `stall_tolerance`; undecided, the
+  rules above. `Assessment.silent_hosts` lists the nodes to ask.
 One incident is one incident: when at least half of the ranks are dead at once, the job, the
 filesystem or the network is suspected, not N nodes (`Assessment.job_wide`), and the nodes blamed
 by one incident are capped (`culprit_nodes`).
+Blame in a hang (`behind`): every collective the trainer calls is a wait (its last mark is
+Mark.WAIT while it is inside one), so a rank blocked in a TP all-reduce, a pipeline receive or
+ZeRO's reduce-scatter is waiting, and the culprit is the rank that never entered it: the one still
+in its own work while the others wait. Only that is sure enough to exclude a node on marks alone
+(`Assessment.suspects_sure`); a rank named only for being behind while it waits too (every stuck
+rank waiting: a fault below what marks can see) is a suspect, and the job is restarted without an
+exclusion unless other evidence names its node (blame.py).
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from typing import Any
 from orchestrator.contract import Heartbeat, Mark, Phase
 
 from .liveness import RankView
+from .probe import Verdict
 from .timeouts import PhaseTimeouts
 
 
@@ -91,6 +103,10 @@ class Assessment:
     # In a hang: the ranks behind the others (`behind`), and why they, or nobody, are named.
     suspects: list[Finding] = field(default_factory=list)
     suspects_why: str = ""
+    # The marks alone name the suspects: they were in their own work while the others waited.
+    suspects_sure: bool = False
+    # Nodes none of whose ranks beat for `silent_after` (to ask: probing.py).
+    silent_hosts: list[str] = field(default_factory=list)
 
     @property
     def dead(self) -> list[Finding]:
@@ -107,12 +123,12 @@ class Assessment:
 
     def culprits(self) -> list[Finding]:
         """The ranks to blame. Dead ranks when there are any (the others hang because they wait
-        for them), unless the stall is job-wide. In a pure hang, the ranks behind the others
-        (`behind`: waiting ranks included, a culprit may be in a wait of its own); nobody when
-        none is behind."""
+        for them), unless the stall is job-wide. In a pure hang, the suspects only when the marks
+        are sure of them (`behind`: in their own work while the others wait); suspects that wait
+        like everyone else are blamed only on other evidence (blame.py), never here."""
         if self.dead:
             return [] if self.job_wide else self.dead
-        return self.suspects if self.hung else []
+        return self.suspects if self.hung and self.suspects_sure else []
 
 
 def culprit_nodes(nodes: list[str], cap: int) -> tuple[list[str], str | None]:
@@ -153,6 +169,7 @@ def assess(
     silent_after: float,
     timeouts: PhaseTimeouts,
     stall_tolerance: float = 0.0,
+    probed: dict[str, Verdict] | None = None,
 ) -> Assessment:
     """One supervision pass over the current incarnation's ranks (a plain loop: ~1 us per rank).
     `now`, `job_seen_at` and every time in `views` are on the controller's monotonic clock."""
@@ -177,12 +194,16 @@ def assess(
     silent = False
     in_init, past_init = Phase.INIT, False  # past_init: some rank that beats has left init
     over: list[tuple[RankView, float]] = []  # beats older than dead_after: dead, unless a stall
+    freshest: dict[str, float] = {}  # per host: its freshest rank's beat age
+    probed = probed or {}
     for rank, view in views.items():
         beat = view.beat
         host = beat.host
         beat_age = now - view.beat_changed
         if beat_age > host_age.get(host, -1.0):
             host_age[host] = beat_age
+        if beat_age < freshest.get(host, float("inf")):
+            freshest[host] = beat_age
         step = beat.step
         if step < min_step:
             min_step = step
@@ -195,7 +216,7 @@ def assess(
             # Leaving on purpose (its beat stops when it is gone): how it left is judged from
             # SLURM's end state and exit code, and peers stuck without it show up as a hang.
             continue
-        if beat_age > dead_after:
+        if beat_age > dead_after or (beat_age > silent_after and probed.get(host) is Verdict.LOST):
             over.append((view, beat_age))
             continue
         if beat_age > silent_after:
@@ -214,23 +235,20 @@ def assess(
             widest_limit = limit
         if now - changed > limit and beat.progress_unit != wait:
             findings.append(Finding(FindingKind.HANG, rank, host, phase.value, step, now - changed, limit))
+    result.silent_hosts = sorted(host for host, age in freshest.items() if age > silent_after)
     if over:
-        node_quiet: dict[str, float] = {}  # per host: its freshest rank's beat age
-        for view in views.values():
-            host, beat_age = view.beat.host, now - view.beat_changed
-            if beat_age < node_quiet.get(host, float("inf")):
-                node_quiet[host] = beat_age
         silent = (
             _judge_silence(
                 over,
                 findings,
-                node_quiet,
+                freshest,
                 now,
                 newest_seen,
                 dead_after,
                 silent_after,
                 stall_tolerance,
                 all_in_init=bool(judged) and not past_init,
+                probed=probed,
             )
             or silent
         )
@@ -250,7 +268,9 @@ def assess(
     if findings and not silent and all(f.kind is FindingKind.HANG for f in findings):
         stuck = [(v, limits.get(v.beat.phase, step_limit)) for v in judged]
         stuck = [(v, limit) for v, limit in stuck if now - v.progress_changed > min(limit, widest_limit)]
-        result.suspects, result.suspects_why = behind(stuck, now, furthest=max(v.beat.step for v in judged))
+        result.suspects, result.suspects_why, result.suspects_sure = behind(
+            stuck, now, furthest=max(v.beat.step for v in judged)
+        )
     if max_step < 0:
         min_step = max_step = None
     result.ranks_seen = len(views)
@@ -269,9 +289,11 @@ def assess(
 
 def behind(
     stuck: list[tuple[RankView, float]], now: float, furthest: int | None = None
-) -> tuple[list[Finding], str]:
+) -> tuple[list[Finding], str, bool]:
     """Of the ranks stuck in a hang (progress unchanged past their limit, `(view, limit)`, waiting
-    ones included), those that hold the others up, and why; nobody when none stands out.
+    ones included), those that hold the others up, why, and whether the marks are sure of them
+    (every one named is in its own work, not in a wait: a rank waiting in a collective is held up
+    by another, so naming it on marks alone blames a peer); nobody when none stands out.
     `furthest`: the highest step of every rank judged, stuck or not yet (peers that went on to the
     next step and wait there cross their own limit later than the rank they wait for). In order:
     - ranks at a lower step than the others: they did not finish the step the rest finished;
@@ -283,13 +305,13 @@ def behind(
     - all at the same step, all waiting, at the same count: nobody (a collective that never
       completes, the network, the job: not one rank's doing)."""
     if not stuck:
-        return [], ""
+        return [], "", False
+    wait = Mark.WAIT.value
     low = min(v.beat.step for v, _ in stuck)
     if any(v.beat.step != low for v, _ in stuck) or (furthest is not None and furthest > low):
         named = [(v, limit) for v, limit in stuck if v.beat.step == low]
         why = f"behind the others at step {low}"
     else:
-        wait = Mark.WAIT.value
         working = [(v, limit) for v, limit in stuck if v.beat.progress_unit != wait]
         fewest = min(v.beat.progress_count for v, _ in stuck)
         if working and len(working) < len(stuck):
@@ -298,22 +320,35 @@ def behind(
             named = [(v, limit) for v, limit in stuck if v.beat.progress_count == fewest]
             why = f"fewest marks of the step ({fewest}): stopped before the others"
         else:
-            return [], (
-                f"nobody named: all {len(stuck)} stuck ranks are at step {low} with the same marks "
-                f"({fewest}){', all waiting' if not working else ''}: a job-wide hang"
+            return (
+                [],
+                (
+                    f"nobody named: all {len(stuck)} stuck ranks are at step {low} with the same marks "
+                    f"({fewest}){', all waiting' if not working else ''}: a job-wide hang"
+                ),
+                False,
             )
-    return [
-        Finding(
-            FindingKind.HANG,
-            v.rank,
-            v.beat.host,
-            v.beat.phase.value,
-            v.beat.step,
-            now - v.progress_changed,
-            limit,
-        )
-        for v, limit in named
-    ], why
+    # Fewest marks alone is never sure (every stuck rank works or every one waits: nobody is seen
+    # holding up the others); behind or working while the others wait is, when the named work.
+    sure = not why.startswith("fewest") and all(v.beat.progress_unit != wait for v, _ in named)
+    if not sure:
+        why += "; the marks alone cannot tell it from the peers it waits with: not enough to exclude a node"
+    return (
+        [
+            Finding(
+                FindingKind.HANG,
+                v.rank,
+                v.beat.host,
+                v.beat.phase.value,
+                v.beat.step,
+                now - v.progress_changed,
+                limit,
+            )
+            for v, limit in named
+        ],
+        why,
+        sure,
+    )
 
 
 def _judge_silence(
@@ -326,6 +361,7 @@ def _judge_silence(
     silent_after: float,
     stall_tolerance: float,
     all_in_init: bool = False,
+    probed: dict[str, Verdict] | None = None,
 ) -> bool:
     """Ranks silent for more than dead_after: dead, or (the module docstring's stall rule) a stall
     to wait out. `live_progress` is the newest progress of the ranks that beat. True when some
@@ -336,7 +372,11 @@ def _judge_silence(
         beat = view.beat
         quiet = node_quiet[beat.host]
         whole_node = quiet > silent_after  # no rank of its node beats (one that does: frozen alone)
-        if (
+        answer = (probed or {}).get(beat.host, Verdict.UNDECIDED)
+        if answer is Verdict.STALL and beat_age <= stall_tolerance:
+            stalled = True  # it answered: its storage does not
+            continue
+        if answer is Verdict.UNDECIDED and (
             beat_age <= stall_tolerance
             # every node silent, or peers progressed silent_after after its whole node went quiet
             # (a node with a rank that still beats has quiet ~0: never a stall)

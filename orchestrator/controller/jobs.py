@@ -221,3 +221,24 @@ def ensure_a_job(state: ControllerState, wall_now: float) -> list[Action]:
             Submit("continue" if state.jobs else "initial"),
         ]
     return [Submit("initial" if not state.jobs else "continue")]
+
+
+class RankNodes:
+    """The SLURM node name of a rank. The heartbeat's host is the node name on a real cluster;
+    where it is not one of the job's nodes (emulated nodes all share one hostname), SLURM's block
+    distribution places rank r on the job's node r // tasks-per-node."""
+
+    def __init__(self, gpus_per_node: int):
+        self.gpus_per_node = gpus_per_node
+        self._known: tuple[list[str] | None, frozenset[str]] = (None, frozenset())
+
+    def node_of(self, rank: int, host: str, job: JobRecord) -> str:
+        if not job.nodes:
+            return host
+        known = self._known
+        if known[0] is not job.nodes:  # a set per node list (the applier replaces the list): 2,048 nodes
+            known = self._known = (job.nodes, frozenset(job.nodes))
+        if host in known[1]:
+            return host
+        index = rank // self.gpus_per_node
+        return job.nodes[index] if 0 <= index < len(job.nodes) else host

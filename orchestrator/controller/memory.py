@@ -8,9 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .blame import HangSuspicions
 from .checkpoints import ManifestsSeen
 from .liveness import Liveness
 from .metrics_follower import MetricsFollower
+from .probing import NodeProber
 from .stalls import StallWatch
 from .stragglers import StragglerWatch
 from .timeouts import PhaseTimeouts, silent_after
@@ -39,6 +41,8 @@ class Memory:
     node_beat_age: dict[str, float] = field(default_factory=dict)  # for controller.json (the dashboard)
     job_dirs_checked: set[str] | None = None  # jobs/<id>/ the trust check has seen (None: not listed yet)
     metrics: MetricsFollower | None = None  # made at the first look at metrics.jsonl
+    hang_suspicions: HangSuspicions = field(default_factory=HangSuspicions)  # blame.py: repeats
+    prober: NodeProber = field(default_factory=NodeProber)  # silent nodes asked (probing.py)
 
     @classmethod
     def fresh(cls, watchdog: Any) -> Memory:

@@ -16,7 +16,10 @@ run's exclude list to actions.
     status` and `runctl doctor` until it recovers (an event then too). The advice names the
     probation list and the admins' drain reasons, never the nodes of the last incident.
   `exclusions.on_pool_short: release_oldest` releases the oldest probations of nodes SLURM would
-  schedule, as many as the job's nodes lack; `wait` keeps them, and says so.
+  schedule, as many as the job's nodes lack; `wait` keeps them, and says so. Whatever the policy,
+  the probations of hunches end first (`hunches`), as many as the job's nodes and spares lack:
+  nodes excluded together for one hang, which names one culprit, so all but one of them were its
+  collective peers, waiting.
 When SLURM cannot be asked nothing here is judged (no guess from an empty answer).
 """
 
@@ -58,6 +61,18 @@ def leave_to_slurm(
     return tuple(kept), actions
 
 
+def hunches(exclusions: dict[str, Exclusion], excluded: list[str]) -> list[str]:
+    """Of the `excluded` nodes, those excluded for a hang together with another node of the same
+    job, oldest first."""
+    by_job: dict[str, list[str]] = {}
+    for node in excluded:
+        entry = exclusions[node]
+        if entry.cause == "hang" and entry.job_id:
+            by_job.setdefault(entry.job_id, []).append(node)
+    shared = [n for nodes in by_job.values() if len(nodes) > 1 for n in nodes]
+    return sorted(shared, key=lambda n: (exclusions[n].since or 0.0, n))
+
+
 def expired(exclusions: dict[str, Exclusion], now: float) -> list[Action]:
     ended = sorted(node for node, entry in exclusions.items() if entry.expired(now))
     return [ReleaseExclusions(tuple(ended), "probation expired")] if ended else []
@@ -87,6 +102,17 @@ def judge(
     excluded = sorted(n for n in exclusions if n in schedulable)
     usable = len(schedulable) - len(excluded)
     actions: list[Action] = []
+    early = hunches(exclusions, excluded)[: max(0, nodes + spares - usable)]
+    if early:
+        actions.append(
+            ReleaseExclusions(
+                tuple(early),
+                f"pool short ({usable} usable of {nodes} + {spares} spare(s) wanted): excluded with another "
+                "node for one hang (its collective peer, not the culprit): probation ended early",
+            )
+        )
+        excluded = sorted(set(excluded) - set(early))
+        usable += len(early)
     if usable < nodes and policy == "release_oldest" and excluded:
         oldest = sorted(excluded, key=lambda n: (exclusions[n].since or 0.0, n))[: nodes - usable]
         actions.append(

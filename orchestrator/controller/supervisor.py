@@ -55,7 +55,7 @@ from orchestrator.operators import check_trust, prepare_permissions
 from orchestrator.slurm.base import Scheduler
 from orchestrator.training_health import assess, history_length, policy_for
 
-from . import disk_pause, health_policy, jobs, launches, pool, upkeep
+from . import blame, disk_pause, health_policy, jobs, launches, pool, upkeep
 from . import exclude as exclude_list
 from . import requests as intake
 from .actions import Action, NoteMetricsRead, Notify, Record, SetOutcome
@@ -141,7 +141,7 @@ class Controller:
         self._notified_errors: set[str] = set()
         self._disk_full_error = False  # the last failed pass hit a full disk (no backoff)
         self._pass_disk: tuple[list[CheckpointInfo], DiskCheck] | None = None  # this pass's look
-        self._job_nodes: tuple[Any, frozenset[str]] = (None, frozenset())  # _node_of's lookup
+        self._node_of = jobs.RankNodes(cfg.cluster.gpus_per_node).node_of
 
     @property
     def scheduler(self) -> Scheduler:
@@ -363,6 +363,7 @@ class Controller:
             return True
         assessment = self.observer.assess(running)
         result.assessment = assessment
+        self._apply(self.observer.ask_silent_nodes(running, assessment, self._node_of), done)
         self._apply(upkeep.follow_recovery(self.state, assessment, self.clock()), done)
         started = upkeep.training_started(assessment)
         if started is not None and started[0] not in memory.training_seen:
@@ -396,6 +397,8 @@ class Controller:
             if assessment.job_wide
             else None
         )
+        node_of = lambda f: self._node_of(f.rank, f.host, job)  # noqa: E731
+        culprits = blame.culprit_nodes(assessment, node_of, memory.hang_suspicions, self.clock())
         verdict = on_findings(
             self.state,
             job,
@@ -403,7 +406,7 @@ class Controller:
             wall_now=self.clock(),
             job_wide_for=mono - memory.job_wide_since if memory.job_wide_since is not None else 0.0,
             dead_after=self.cfg.watchdog.dead_after_seconds,
-            culprit_nodes=[self._node_of(f.rank, f.host, job) for f in assessment.culprits()],
+            culprit_nodes=culprits,
             queued_job_ids=[j.job_id for j in jobs.queued_jobs(self.state)],
         )
         if verdict.failure is not None:
@@ -411,20 +414,6 @@ class Controller:
             self._failed(verdict.actions, verdict.failure, done)
         else:
             self._apply(verdict.actions, done)
-
-    def _node_of(self, rank: int, host: str, job: JobRecord) -> str:
-        """The SLURM node name of a rank. The heartbeat's host is the node name on a real cluster;
-        where it is not one of the job's nodes (emulated nodes all share one hostname), SLURM's
-        block distribution places rank r on the job's node r // tasks-per-node."""
-        if not job.nodes:
-            return host
-        known = self._job_nodes
-        if known[0] is not job.nodes:  # a set per node list (applier replaces the list): 2,048 nodes
-            known = self._job_nodes = (job.nodes, frozenset(job.nodes))
-        if host in known[1]:
-            return host
-        index = rank // self.cfg.cluster.gpus_per_node
-        return job.nodes[index] if 0 <= index < len(job.nodes) else host
 
     # Stage 5: jobs that ended, and recovery -----------------------------------------------------------
     def _job_ended(self, record: JobRecord, beats: list[Heartbeat], done: list[str]) -> None:
@@ -485,7 +474,18 @@ class Controller:
 
     def _recover(self, failure: Failure, done: list[str]) -> None:
         if failure.culprits:  # ask SLURM before blaming: a node it downs or drains is its problem
-            kept, actions = pool.leave_to_slurm(failure, self.observer.slurm_nodes())
+            slurm_nodes = self.observer.slurm_nodes()
+            kept, actions = pool.leave_to_slurm(failure, slurm_nodes)
+            cluster = self.cfg.cluster
+            # The next job can start with `nodes` (it asks for the spares the pool has: pool.judge).
+            kept, capped = blame.spare_the_pool(
+                replace(failure, culprits=kept),
+                slurm_nodes,
+                exclude_list.read_exclusions(self.paths),
+                needed=cluster.nodes,
+                partition=cluster.partition,
+            )
+            actions += capped
             self._apply(actions, done)
             failure = replace(failure, culprits=kept)
         resume, skipped = resume_point(self.ckpt_dir)

@@ -203,6 +203,11 @@ def _(e: fev.RelaunchNotPossible) -> str:
     return f"job {e.job_id} cannot restart inside itself: {e.why}"
 
 
+@says(fev.NodeProbed)
+def _(e: fev.NodeProbed) -> str:
+    return f"asked {e.node}, silent in job {e.job_id}: {e.verdict} ({e.why})"
+
+
 @says(fev.ExclusionCapped)
 def _(e: fev.ExclusionCapped) -> str:
     return f"not excluding {hosts(e.nodes)} after {_cause(e.cause)} in job {e.job_id}: {e.why}"

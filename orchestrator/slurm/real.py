@@ -84,6 +84,20 @@ class SlurmScheduler:
             raise SchedulerError(_show(args, proc))
         return proc
 
+    def probe_node(self, job_id: str, node: str, script: str, timeout: float) -> str | None:
+        """Run `script` (sh) as one step of job `job_id` on `node`, beside its running steps
+        (--overlap, no resources of its own). Its output, at most 64 KiB, read from a pipe (no
+        file, so nothing to follow); None when it did not run or did not end within `timeout`."""
+        args = ["srun", "--overlap", f"--jobid={job_id}", "-w", node, "-N1", "-n1", "--quiet",
+                "sh", "-c", script]  # fmt: skip
+        try:
+            proc = subprocess.run(args, env=self.env, capture_output=True, timeout=timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if proc.returncode != 0:
+            return None
+        return proc.stdout[: 64 << 10].decode(errors="replace")
+
     # Submission --------------------------------------------------------------------------------
     def submit(self, request: SubmitRequest) -> str:
         args = sbatch_argv(request)

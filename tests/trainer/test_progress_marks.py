@@ -57,14 +57,14 @@ def test_a_wait_inside_a_wait_is_the_same_wait():
     assert COUNTER.unit is Mark.SAVE_BYTES and COUNTER.count == before + 2
 
 
-def test_pipeline_sends_and_receives_and_deepspeed_barriers_are_waits(monkeypatch):
+def test_pipeline_sends_and_receives_and_deepspeed_collectives_are_waits(monkeypatch):
     """The real schedule's instruction classes and DeepSpeed's own `deepspeed.comm.barrier` path, with
     the instructions' and the backend's bodies replaced by probes that record the unit the beat would
     report while they run."""
     from deepspeed.comm import comm
     from deepspeed.runtime.pipe import schedule
 
-    from trainer.engine import install_barrier_waits, install_progress_marks
+    from trainer.engine import install_collective_waits, install_progress_marks
 
     seen: dict[str, str] = {}
 
@@ -94,11 +94,56 @@ def test_pipeline_sends_and_receives_and_deepspeed_barriers_are_waits(monkeypatc
         def barrier(self, **kwargs):
             seen["barrier"] = COUNTER.unit_name
 
+        def reduce_scatter_tensor(self, *args, **kwargs):  # ZeRO-1's gradient reduce
+            seen["reduce_scatter_tensor"] = COUNTER.unit_name
+
+        def all_gather_into_tensor(self, *args, **kwargs):  # ZeRO-1's parameter gather
+            seen["all_gather_into_tensor"] = COUNTER.unit_name
+            comm.barrier()  # a wait inside a wait is one wait
+
     monkeypatch.setattr(comm, "cdb", Backend())
-    install_barrier_waits()
-    install_barrier_waits()  # idempotent: one wait, not a wait in a wait
+    assert {"barrier", "reduce_scatter_tensor", "all_gather_into_tensor"} <= set(install_collective_waits())
+    assert install_collective_waits() == [], "idempotent: one wait, not a wait in a wait"
     comm.barrier()  # as DeepSpeed's checkpoint code calls it
     assert seen["barrier"] == "wait" and COUNTER.unit is Mark.BACKWARD
+    count = COUNTER.count
+    comm.cdb.reduce_scatter_tensor(None, None)
+    comm.cdb.all_gather_into_tensor(None, None)
+    assert seen["reduce_scatter_tensor"] == seen["all_gather_into_tensor"] == seen["barrier"] == "wait"
+    assert COUNTER.count == count + 4 and COUNTER.unit is Mark.BACKWARD, "two marks a collective, none inside"
+
+
+def test_tensor_parallel_collectives_forward_and_backward_are_waits(monkeypatch):
+    """The TP all-reduce and all-gather of the layers (both directions) and the vocab-parallel cross
+    entropy's, at tp = 2 with the process group replaced by probes: the unit the beat would report
+    while each runs. A rank blocked in one waits for its TP peer; it is not stuck in its own work."""
+    import torch.distributed as dist
+
+    from trainer.parallel import cross_entropy, groups, mappings
+
+    seen: list[str] = []
+
+    def all_reduce(tensor, op=None, group=None):
+        seen.append(COUNTER.unit_name)
+
+    def all_gather(parts, tensor, group=None):
+        seen.append(COUNTER.unit_name)
+        for part in parts:
+            part.copy_(tensor)
+
+    monkeypatch.setattr(groups, "get_tp_world_size", lambda: 2)
+    monkeypatch.setattr(groups, "get_tp_rank", lambda: 0)
+    monkeypatch.setattr(groups, "get_tp_group", lambda: None)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(dist, "all_gather", all_gather)
+    COUNTER.mark(Mark.FORWARD)
+    x = torch.randn(2, 3, 4, requires_grad=True)
+    y = mappings.reduce_from_tp_region(mappings.copy_to_tp_region(x))  # forward: 1 all-reduce
+    z = mappings.gather_from_tp_region(y)  # forward: 1 all-gather
+    loss = cross_entropy.vocab_parallel_cross_entropy(z, torch.zeros(2, 3, dtype=torch.long))  # 3 all-reduces
+    assert seen == ["wait"] * 5 and COUNTER.unit is Mark.FORWARD, seen
+    loss.sum().backward()  # backward: the copy's all-reduce (the gather's backward is a split)
+    assert seen == ["wait"] * 6 and COUNTER.unit is Mark.FORWARD, seen
 
 
 @pytest.mark.parametrize("zipfile", [True, False])

@@ -18,11 +18,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer.parallel import groups
+from trainer.progress import waited
 
 
 def _all_reduce(x: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
     if groups.get_tp_world_size() > 1:
-        dist.all_reduce(x, op=op, group=groups.get_tp_group())
+        waited(dist.all_reduce, x, op=op, group=groups.get_tp_group())  # a wait for the TP peers
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

@@ -5,7 +5,9 @@
     scatter_to_tp_region    forward: keep my slice of the last dim   backward: all-gather last dim
     gather_from_tp_region   forward: all-gather last dim             backward: keep my slice
 
-At tp = 1 all four are the identity and touch no process group (single-process use).
+At tp = 1 all four are the identity and touch no process group (single-process use). Every
+collective is a wait for the TP peers (trainer.progress.waited): a rank blocked in one is not the
+rank holding the group up.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import torch
 import torch.distributed as dist
 
 from trainer.parallel import groups
+from trainer.progress import waited
 
 
 def _all_reduce(x: torch.Tensor) -> torch.Tensor:
     if groups.get_tp_world_size() == 1:
         return x
     x = x.contiguous()
-    dist.all_reduce(x, group=groups.get_tp_group())
+    waited(dist.all_reduce, x, group=groups.get_tp_group())
     return x
 
 
@@ -39,7 +42,7 @@ def _gather_last_dim(x: torch.Tensor) -> torch.Tensor:
         return x
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(size)]
-    dist.all_gather(parts, x, group=groups.get_tp_group())
+    waited(dist.all_gather, parts, x, group=groups.get_tp_group())
     return torch.cat(parts, dim=-1)
 
 

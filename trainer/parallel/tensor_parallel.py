@@ -37,6 +37,7 @@ from trainer.parallel.mappings import (
     reduce_from_tp_region,
     scatter_to_tp_region,
 )
+from trainer.progress import waited
 
 
 def param_seed(init_seed: int, name: str) -> int:
@@ -237,7 +238,7 @@ def sync_replicated_params_grads(module_or_params: nn.Module | Iterable[nn.Param
         return 0
 
     def average(flat: torch.Tensor) -> None:
-        dist.all_reduce(flat, group=groups.get_tp_group())
+        waited(dist.all_reduce, flat, group=groups.get_tp_group())  # a wait for the TP peers
         flat.div_(size)
 
     _coalesced(tensors, average)
@@ -250,7 +251,7 @@ def broadcast_replicated_params(module: nn.Module) -> int:
     params = [p.data for _, p in tp_replicated_parameters(module)]
     if groups.get_tp_world_size() == 1 or not params:
         return 0
-    _coalesced(params, lambda flat: dist.broadcast(flat, src=groups.get_tp_src_rank(), group=groups.get_tp_group()))
+    _coalesced(params, lambda flat: waited(dist.broadcast, flat, src=groups.get_tp_src_rank(), group=groups.get_tp_group()))
     return len(params)
 
 
@@ -262,7 +263,7 @@ def replicated_params_max_diff(module: nn.Module) -> float:
         return 0.0
     mine = _flatten_dense_tensors(params)
     reference = mine.clone()
-    dist.broadcast(reference, src=groups.get_tp_src_rank(), group=groups.get_tp_group())
+    waited(dist.broadcast, reference, src=groups.get_tp_src_rank(), group=groups.get_tp_group())
     diff = (mine - reference).abs().max()
-    dist.all_reduce(diff, op=dist.ReduceOp.MAX, group=groups.get_tp_group())
+    waited(dist.all_reduce, diff, op=dist.ReduceOp.MAX, group=groups.get_tp_group())
     return float(diff)

@@ -1,0 +1,170 @@
+"""Blame in a hang on the real local SLURM cluster, in the demo's layout: tp=2 x pp=2 on 4 nodes of
+1 GPU each, a 5-node cluster, no spare.
+
+One node's rank hangs at the start of step 6, after the first save (step 4): its TP peer blocks in
+the forward's all-reduce, the next stage in the receive of its activations. Every collective is a
+wait (trainer/progress.waited), so the hung rank is the one rank not waiting: exactly its node is
+excluded, the next job runs on the other 4 (`sbatch --exclude` of one node leaves 4 of 5) and the
+run finishes. The fault is aimed at the node (`hang@step6:node02`): the restarted job, without
+node02, trains through step 6. Before every collective was a wait, rank 0 (blocked in the TP
+all-reduce) was named too: node01 and node02 excluded, 3 usable nodes of 4, and the run sat
+"running" with no job.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from fakes import REPO
+from test_e2e_slurm import drive, job_outputs
+
+from orchestrator.config import parse_config
+from orchestrator.config.load import resolve_paths
+from orchestrator.contract.state import RunStatus
+from orchestrator.controller import Controller
+from orchestrator.controller.exclude import excluded_nodes
+from tests.run_records import event_dicts
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+HUNG_NODE, HUNG_STEP, STEPS = "node02", 6, 8
+
+
+@pytest.fixture(scope="module")
+def five_nodes(local_cluster, tmp_path_factory):
+    """A 5-node cluster of 1 GPU each beside the session's (the demo's shape: one node more than
+    the job). `local_cluster` first: it installs SLURM or skips with the reason."""
+    from orchestrator.cluster import ClusterSpec, LocalCluster
+    from tests.fixtures_slurm import _free_port_base
+
+    directory = Path(tmp_path_factory.mktemp("five", numbered=True))
+    ctld, slurmd = _free_port_base(5)
+    cluster = LocalCluster(directory)
+    try:
+        cluster.up(ClusterSpec(nodes=5, gpus_per_node=1, ctld_port=ctld, slurmd_base_port=slurmd), timeout=120)
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def demo_config(spare_nodes: int = 0):
+    data = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
+    # The demo's 4 nodes x 1 GPU, tp=2 x pp=2 (no spare unless asked).
+    data["cluster"].update(python=sys.executable, spare_nodes=spare_nodes)
+    corpus = REPO / "data" / "corpus"
+    if not (REPO / "data" / "corpus.idx").exists() and (corpus / "multilingual_text_document.idx").exists():
+        corpus = corpus / "multilingual_text_document"
+    data["data"]["datasets"] = [{"path": str(corpus), "weight": 1.0}]
+    data["checkpoint"].update(interval_steps=4)
+    data["watchdog"].update(
+        heartbeat_seconds=1.0, poll_seconds=1.0, dead_after_seconds=8, step_timeout_seconds=20,
+        stall_tolerance_seconds=300,
+        progress_floor_seconds={"init": 90.0, "step": 4.0, "checkpoint": 4.0, "eval": 4.0},
+        progress_factor=3.0, progress_cap_seconds=90.0,
+    )  # fmt: skip
+    data["operators"] = {"group": None, "users": []}
+    data["notifications"] = {"webhook": None, "email": None}
+    return resolve_paths(parse_config(data, source="hang-blame-slurm"), REPO / "configs")
+
+
+def test_a_rank_hung_mid_step_excludes_exactly_its_node_and_the_run_finishes(five_nodes):
+    from orchestrator.runs import prepare_run_dir, submit_job
+    from orchestrator.slurm.real import SlurmScheduler
+
+    cfg = demo_config()
+    root = Path(tempfile.mkdtemp(prefix="rc-blame-", dir="/tmp"))
+    env = {**five_nodes.slurm_env(), "TRAINER_TENSORBOARD": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+           "TRAINER_MAX_STEPS": str(STEPS), "TRAINER_FAULT": f"hang@step{HUNG_STEP}:{HUNG_NODE}"}  # fmt: skip
+    scheduler = SlurmScheduler(env=env)
+    prepare_run_dir(cfg, root / "run")
+    submit_job(root / "run", cfg, scheduler, reason="initial")
+    ctl = Controller(root / "run", cfg, scheduler, stack_wait_seconds=2.0)
+    ctl.start()
+    try:
+        t0 = time.monotonic()
+        status = drive(ctl, 600)
+        print(f"run: {time.monotonic() - t0:.1f} s, {status}")
+        events = event_dicts(ctl.paths)
+        failures = [e for e in events if e["event"] == "failure"]
+        assert status == RunStatus.FINISHED, f"{status}: {failures}\n{job_outputs(ctl.paths)}"
+        assert len(failures) == 1 and failures[0]["cause"] == "hang", failures
+        hang = failures[0]
+        print(f"suspects: {[(s['rank'], s['host']) for s in hang['suspects']]} ({hang['suspects_why']}); "
+              f"detected {hang['detection_time'] - hang['failure_time']:.1f} s after the last mark")
+        assert [s["rank"] for s in hang["suspects"]] == [1], hang
+        assert excluded_nodes(ctl.paths) == [HUNG_NODE], "exactly the hung rank's node is left out"
+        assert not [e for e in events if e["event"] == "exclusion_capped"], "the pool could spare it"
+        second = ctl.state.jobs[-1]
+        assert HUNG_NODE not in second.nodes and len(second.nodes) == 4, second
+    finally:
+        live = [j.job_id for j in ctl.state.live_jobs()]
+        if live:
+            ctl.scheduler.cancel(live)
+        ctl.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_frozen_node_is_asked_found_stopped_dead_at_dead_after_and_training_goes_on_on_the_spare(five_nodes):
+    """Rank 1, alone on its node, is SIGSTOPped in a save (slowed to seconds): its whole node is
+    silent in a save, which the silence rule alone waits out as a storage stall (up to
+    stall_tolerance_seconds). The controller asks the node (one `srun --overlap` step): stopped (T),
+    its filesystem answers: dead at dead_after, and the job relaunches on its spare."""
+    import os
+    import signal
+
+    from orchestrator.contract import read_heartbeats
+    from orchestrator.runs import prepare_run_dir, submit_job
+    from orchestrator.slurm.real import SlurmScheduler
+
+    cfg = demo_config(spare_nodes=1)
+    root = Path(tempfile.mkdtemp(prefix="rc-probe-", dir="/tmp"))
+    env = {**five_nodes.slurm_env(), "TRAINER_TENSORBOARD": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+           "TRAINER_MAX_STEPS": str(STEPS), "TRAINER_FAULT": "slowsave@step4",
+           "TRAINER_SLOW_SAVE_CHUNK_SECONDS": "0.05"}  # fmt: skip
+    scheduler = SlurmScheduler(env=env)
+    prepare_run_dir(cfg, root / "run")
+    job_id = submit_job(root / "run", cfg, scheduler, reason="initial")
+    ctl = Controller(root / "run", cfg, scheduler, stack_wait_seconds=2.0)
+    done: dict = {}
+
+    def freeze_in_save(c: Controller) -> None:
+        if done:
+            return
+        for b in read_heartbeats(c.paths.heartbeats):
+            if b.rank == 1 and b.job_id == str(job_id) and b.phase.value == "checkpoint":
+                os.kill(b.pid, signal.SIGSTOP)
+                done.update(time=time.time(), pid=b.pid, node=b.host)
+                print(f"SIGSTOP rank 1 (pid {b.pid}) on {b.host} in the save of step {b.step}")
+
+    ctl.start()
+    try:
+        status = drive(ctl, 600, act=freeze_in_save)
+        events = event_dicts(ctl.paths)
+        probed = [e for e in events if e["event"] == "node_probed"]
+        failures = [e for e in events if e["event"] == "failure"]
+        print(f"probed: {probed}\nfailures: {[(f['cause'], f['detection_time'] - done.get('time', 0)) for f in failures]}")
+        assert done, "never saw rank 1 in its save"
+        assert status == RunStatus.FINISHED, f"{status}: {failures}\n{job_outputs(ctl.paths)}"
+        assert probed and probed[0]["node"] == done["node"] and probed[0]["verdict"] == "dead", probed
+        assert failures[0]["cause"] == "dead_rank" and [r["rank"] for r in failures[0]["ranks"]] == [1], failures
+        took = failures[0]["detection_time"] - done["time"]
+        assert took <= cfg.watchdog.dead_after_seconds + 6, f"dead {took:.1f} s after the SIGSTOP"
+        restart = next(e for e in events if e["event"] == "restart")
+        assert restart["in_allocation"], restart
+    finally:
+        if done:
+            try:
+                os.kill(done["pid"], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        live = [j.job_id for j in ctl.state.live_jobs()]
+        if live:
+            ctl.scheduler.cancel(live)
+        ctl.stop()
+        shutil.rmtree(root, ignore_errors=True)

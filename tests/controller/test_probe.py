@@ -1,0 +1,96 @@
+"""Asking a silent node (controller/probe.py, probing.py) and what detection makes of the answer:
+pure rules over plain data, and the probe script run here against real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from test_detection import DEAD_AFTER, SILENT_AFTER, beat, timeouts
+
+from orchestrator.controller import probe
+from orchestrator.controller.detection import assess
+from orchestrator.controller.liveness import Liveness
+from orchestrator.controller.probe import ProbeReport, ProcState, Verdict
+from orchestrator.controller.probing import NodeProber
+
+
+def test_verdicts_from_what_the_node_says():
+    ok = lambda *states: ProbeReport("node02", True, dict(enumerate(states)), True)  # noqa: E731
+    assert probe.verdict(ProbeReport("node02", False))[0] is Verdict.LOST
+    assert probe.verdict(ok(ProcState.STOPPED, ProcState.STOPPED))[0] is Verdict.DEAD
+    assert probe.verdict(ok(ProcState.RUNNING))[0] is Verdict.DEAD, "running with its beats gone"
+    assert probe.verdict(ok(ProcState.DISK, ProcState.RUNNING))[0] is Verdict.STALL
+    assert probe.verdict(ProbeReport("node02", True, {0: ProcState.RUNNING}, False))[0] is Verdict.STALL
+    assert probe.verdict(ok(ProcState.GONE))[0] is Verdict.UNDECIDED
+    assert probe.parse("node02", "rank 3 77 T\nnonsense\nfs stuck\n") == ProbeReport(
+        "node02", True, {3: ProcState.STOPPED}, False
+    )
+    assert not probe.parse("node02", "rank 3 77 T\n").answered, "cut short before its last line: no answer"
+
+
+def test_the_script_reads_real_process_states_and_quotes_the_path():
+    running, stopped = subprocess.Popen(["sleep", "30"]), subprocess.Popen(["sleep", "30"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        text = probe.script({0: running.pid, 1: stopped.pid, 2: 4_000_000}, "/tmp/a b'; touch /tmp/x #", 2.0)
+        out = subprocess.run(["sh", "-c", text], capture_output=True, text=True, timeout=20).stdout
+        report = probe.parse("node01", out)
+        assert report.ranks == {0: ProcState.RUNNING, 1: ProcState.STOPPED, 2: ProcState.GONE}, out
+        assert report.fs_answers is True and probe.verdict(report)[0] is Verdict.DEAD
+    finally:
+        os.kill(stopped.pid, signal.SIGKILL)
+        running.kill()
+
+
+def _dead_at(probed, tolerance=10.0):
+    """node02 silent as a whole in a save while its peers wait (today's rule: a storage stall, up to
+    the tolerance); when is rank 1 dead, given what node02 answered."""
+    live = Liveness(SILENT_AFTER)
+    t = timeouts()
+    for i in range(17):  # to 8 s: within the 10 s tolerance
+        now = i * 0.5
+        beats = [beat(r, min(i, 2) if r == 1 else i, marks=min(i, 2), phase="checkpoint") for r in range(4)]
+        views = live.observe([[b] for b in beats], "7", now)
+        a = assess(views, job_id="7", job_seen_at=live.job_seen_at, world_size=4, now=now, dead_after=DEAD_AFTER,
+                   silent_after=SILENT_AFTER, timeouts=t, stall_tolerance=tolerance, probed=probed)  # fmt: skip
+        if a.dead:
+            return now, [f.rank for f in a.dead], a.silent_hosts
+    return None, [], a.silent_hosts
+
+
+def test_a_frozen_node_is_dead_at_dead_after_a_stalled_one_waits_a_lost_one_is_dead_now():
+    when, ranks, silent = _dead_at({})
+    assert when is None and silent == ["node02"], "today's rule: a whole node silent in a save is a stall"
+    # Its last beat at 1.0 s: dead_after (1.5 s) is passed at the 3.0 s pass, silent_after at 1.5 s.
+    assert _dead_at({"node02": Verdict.DEAD})[:2] == (3.0, [1])
+    assert _dead_at({"node02": Verdict.STALL})[0] is None
+    assert _dead_at({"node02": Verdict.STALL}, tolerance=1.0)[:2] == (3.0, [1]), "the tolerance still ends it"
+    assert _dead_at({"node02": Verdict.LOST})[:2] == (1.5, [1])
+    assert _dead_at({"node02": Verdict.UNDECIDED})[0] is None, "undecided: today's rule"
+
+
+def test_each_silent_node_is_asked_once_per_incident():
+    asked = []
+
+    def ask(job, node, script, timeout):
+        asked.append(node)
+        return "rank 1 101 T\nfs ok\n"
+
+    prober = NodeProber()
+    beats = [beat(r, 1) for r in range(4)]
+    for _ in range(3):
+        actions = prober.on_pass("7", ["node02"], beats, lambda b: b.host, "/run", ask, hosts=4)
+    assert asked == ["node02"] and prober.verdicts("7") == {"node02": Verdict.DEAD} and actions == []
+    prober.on_pass("7", [], beats, lambda b: b.host, "/run", ask, hosts=4)  # it beats again: a new incident later
+    event = prober.on_pass("7", ["node02"], beats, lambda b: b.host, "/run", ask, hosts=4)[0].event
+    assert asked == ["node02", "node02"] and event.verdict == "dead" and event.ranks == {"1": "stopped"}
+    assert NodeProber().on_pass("7", ["node02"], beats, lambda b: b.host, "/run", None, hosts=4) == []
+    # Every node silent (the filesystem): nobody asked, and an earlier verdict no longer counts.
+    assert prober.on_pass("7", [f"node0{i}" for i in range(1, 5)], beats, lambda b: b.host, "/run", ask, hosts=4) == []
+    assert asked == ["node02", "node02"] and prober.verdicts("7") == {}
+    several = NodeProber().on_pass("7", ["node01", "node02", "node03"], beats, lambda b: b.host, "/run", ask, hosts=4)
+    assert len(several) == 2, "at most MAX_ASKED_PER_PASS a pass (the next pass asks the rest)"
