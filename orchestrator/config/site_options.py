@@ -22,23 +22,47 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import StringConstraints, field_validator
+from pydantic import PlainValidator, StringConstraints, field_validator
 
 from .section import Section
 
 OPTION_NAME = r"^[a-z][a-z0-9\-]*$"
-SBATCH_OPTION_VALUE = r"^[^\s\"'\\`\x00-\x1f\x7f]+$"
-SRUN_OPTION_VALUE = r"^[^\x00-\x1f\x7f]+$"
+# Control characters, C0 and C1 (U+0085 is a line break to Python's splitlines), and the Unicode
+# line and paragraph separators: none may end a line early in whatever reads the script.
+CONTROL = "\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029"
+SBATCH_OPTION_VALUE = rf"^[^\s\"'\\`{CONTROL}]+$"
+SRUN_OPTION_VALUE = rf"^[^{CONTROL}]+$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # a shell variable name (also cluster.env's keys)
 # pyxis: SRC[:DST[:FLAGS]], several joined by commas (so no comma inside one)
-CONTAINER_MOUNT = r"^[^\s,\"'\\`\x00-\x1f\x7f]+$"
+CONTAINER_MOUNT = rf"^[^\s,\"'\\`{CONTROL}]+$"
 
 OptionName = Annotated[str, StringConstraints(pattern=OPTION_NAME, max_length=64)]
-SbatchOptionValue = Annotated[str, StringConstraints(pattern=SBATCH_OPTION_VALUE, max_length=1024)]
-SrunOptionValue = Annotated[str, StringConstraints(pattern=SRUN_OPTION_VALUE, max_length=1024)]
-# `true` is an option without a value (`--requeue`, `--no-container-mount-home`).
-SbatchOptions = dict[OptionName, SbatchOptionValue | Literal[True]]
-SrunOptions = dict[OptionName, SrunOptionValue | Literal[True]]
+
+
+def _option_value(pattern: str, refused: str) -> object:
+    """A text value matching `pattern`, or `true` for an option without a value (`--requeue`,
+    `--no-container-mount-home`); the error says both, whichever was meant."""
+
+    def check(value: object) -> str | bool:
+        if value is True:
+            return True
+        if isinstance(value, int) and not isinstance(value, bool):  # `cpus-per-gpu: 8` in YAML
+            value = str(value)
+        if not isinstance(value, str) or len(value) > 1024 or not re.fullmatch(pattern, value):
+            raise ValueError(f"give a text of at most 1024 characters without {refused}, or true for an option "
+                             "without a value")  # fmt: skip
+        return value
+
+    return PlainValidator(check)
+
+
+SbatchOptionValue = Annotated[
+    str | Literal[True],
+    _option_value(SBATCH_OPTION_VALUE, "control characters, blanks, quotes or backslashes"),
+]
+SrunOptionValue = Annotated[str | Literal[True], _option_value(SRUN_OPTION_VALUE, "control characters")]
+SbatchOptions = dict[OptionName, SbatchOptionValue]
+SrunOptions = dict[OptionName, SrunOptionValue]
 
 # Set by the job script (sbatch_templates/train.sbatch.j2): name -> the config key that sets it.
 SBATCH_OWNED = {

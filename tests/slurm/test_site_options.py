@@ -66,7 +66,8 @@ def sbatch_lines(text: str) -> dict[str, str]:
 
 
 def exec_argv(text: str) -> list[str]:
-    line = next(line for line in text.splitlines() if line.startswith("exec "))
+    # split at newlines only: bash does (str.splitlines also breaks at U+0085 and U+2028)
+    line = next(line for line in text.split("\n") if line.startswith("exec "))
     return shlex.split(line)[1:]
 
 
@@ -150,6 +151,10 @@ def test_bad_container_mounts_are_refused(mount):
         parse_config(config(None, {**CONTAINER, "mounts": [mount]}))
 
 
+def is_control(char: str) -> bool:
+    return ord(char) < 32 or 0x7F <= ord(char) <= 0x9F or char in "\u2028\u2029"
+
+
 # -- fuzz: whatever is accepted renders a script whose lines say exactly what was given ------------
 option_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=24)
 
@@ -162,7 +167,7 @@ def test_accepted_values_never_break_the_script(sbatch_value, srun_value, mount,
         cfg = parse_config(config(cluster, {**CONTAINER, "mounts": [mount]}))
     except ConfigError as exc:
         assert any(k in str(exc) for k in ("extra_sbatch.comment", "srun_args.mpi", "container.mounts")), exc
-        assert any(ord(c) < 32 or c == "\x7f" for c in sbatch_value + srun_value + mount) or not re.fullmatch(
+        assert any(is_control(c) for c in sbatch_value + srun_value + mount) or not re.fullmatch(
             r"[^\s\"'\\`]+", sbatch_value
         ) or not re.fullmatch(r"[^\s,\"'\\`]+", mount) or ":" in mount, "refused something sbatch and srun take"
         return
@@ -177,7 +182,7 @@ def test_accepted_values_never_break_the_script(sbatch_value, srun_value, mount,
 
 
 @settings(max_examples=100, deadline=None)
-@given(prefix=option_text, control=st.sampled_from(["\n", "\r", "\x00", "\x1b", "\x7f", "\t"]))
+@given(prefix=option_text, control=st.sampled_from(["\n", "\r", "\x00", "\x1b", "\x7f", "\t", "\x85", "\u2028"]))
 def test_control_characters_are_refused_naming_the_key(prefix, control):
     for cluster, key in (({"extra_sbatch": {"comment": prefix + control}}, "extra_sbatch.comment"),
                          ({"srun_args": {"mpi": prefix + control}}, "srun_args.mpi")):  # fmt: skip
