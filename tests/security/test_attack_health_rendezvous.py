@@ -38,6 +38,9 @@ def start_ranks(team, health_dir: Path, world: int, port: int, late: dict[int, f
 
     def rank(r: int):
         def run():
+            # A forked child of a process whose OpenMP pool ran (the model tests' bf16 matmuls)
+            # blocks in the pool's barrier at its first parallel op: this child computes alone.
+            torch.set_num_threads(1)
             time.sleep(late.get(r, 0.0))
             layout = Layout(r, world, f"n{r + 1}", JOB, STEP, "127.0.0.1", port)
             deadlines = Deadlines.from_timeout(started, TIMEOUT)
