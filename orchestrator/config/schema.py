@@ -499,8 +499,8 @@ class NotificationsConfig(Section):
     page: list[AppriseUrl] = []
     # Chat and pages: what the controller handled (failures restarted, hangs, stragglers) too.
     chat: list[AppriseUrl] = []
-    # Kept from before apprise (every notification): an http(s) URL, sent to the service apprise
-    # recognises in it, else as apprise's JSON POST with the message under "text".
+    # A plain http(s) hook (every notification): sent to the service apprise recognises in it,
+    # else as apprise's JSON POST with the message under "text".
     webhook: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
     email: EmailConfig | None = None  # every notification
     # The kinds sent at all; each kind's severity decides where it goes.

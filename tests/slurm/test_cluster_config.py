@@ -77,7 +77,7 @@ def test_demo_without_a_cluster_stops_unless_the_mock_is_asked_for(monkeypatch, 
     [
         (True, True, True, True, 1, ""),
         (True, True, False, True, 0, ""),
-        # Slurm 24.11 before its JSON was read: the run "finished" unwatched, goodput 0
+        # the controller could not read the job: the run "finished" unwatched, goodput 0
         (True, False, True, False, 0, "never saw a rank train"),
         (True, True, True, True, 0, "reported no incident"),
         (True, True, True, False, 0, "before the rank could be killed"),

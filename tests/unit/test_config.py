@@ -121,7 +121,7 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
 
 def test_a_venvs_python_is_kept_as_written_not_resolved_to_the_base_interpreter(tmp_path):
     """A venv's bin/python is a symlink to the base interpreter; only the link's own path finds the
-    venv's packages (pyvenv.cfg beside it). Resolved, every rank died on `import torch`."""
+    venv's packages (pyvenv.cfg beside it)."""
     venv_python = tmp_path / "venv" / "bin" / "python"
     venv_python.parent.mkdir(parents=True)
     venv_python.symlink_to(sys.executable)
