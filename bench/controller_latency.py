@@ -29,12 +29,12 @@ sys.path.insert(0, str(REPO / "tests" / "controller"))
 
 from fakes import FakeScheduler, fake_submitter, make_config
 
-from orchestrator.config import dump_config
 from orchestrator.contract import failure_events as fev
 from orchestrator.contract import read_heartbeats
 from orchestrator.contract.events import read_events
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
+from orchestrator.plan.config import dump_config
 
 RESULTS = REPO / "bench" / "results" / "controller.json"
 

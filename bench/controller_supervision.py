@@ -31,7 +31,6 @@ sys.path.insert(0, str(REPO))
 import orjson  # noqa: E402
 
 import orchestrator.contract.files as files_module  # noqa: E402
-from orchestrator.config import parse_config  # noqa: E402
 from orchestrator.contract import (  # noqa: E402
     Heartbeat,
     HeartbeatReader,
@@ -44,6 +43,7 @@ from orchestrator.contract import (  # noqa: E402
 from orchestrator.contract.files import full_collection, pass_collection  # noqa: E402
 from orchestrator.controller import Controller, Liveness, assess  # noqa: E402
 from orchestrator.controller.timeouts import PhaseTimeouts, silent_after  # noqa: E402
+from orchestrator.plan.config import parse_config  # noqa: E402
 from orchestrator.slurm.base import JobInfo, JobState  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "controller.json"

@@ -114,7 +114,7 @@ sys.path.insert(0, ".")
 missing = []
 for name in ["torch", "triton", "numpy", "pydantic", "pydantic_core", "deepspeed", "transformers", "tokenizers",
              "yaml", "jinja2", "rich", "prometheus_client", "matplotlib", "hypothesis", "pytest", "pytest_timeout",
-             "orchestrator.config", "trainer.model", "trainer.engine", "trainer.async_checkpoint",
+             "orchestrator.plan.config", "trainer.model", "trainer.engine", "trainer.async_checkpoint",
              "bloom_kernels.dispatch"]:
     try:
         module = importlib.import_module(name)

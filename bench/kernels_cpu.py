@@ -136,7 +136,7 @@ def _bloom_model_step_cases(s: int):
     import torch
 
     import bloom_kernels
-    from orchestrator.config import parse_config
+    from orchestrator.plan.config import parse_config
     from trainer.model import BloomModel, bloom_loss
 
     cfg = parse_config({

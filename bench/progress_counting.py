@@ -33,7 +33,7 @@ TARGET = 0.01
 
 
 def bench_cfg(args):
-    from orchestrator.config import parse_config
+    from orchestrator.plan.config import parse_config
 
     return parse_config({
         "name": "bench-progress-counting",

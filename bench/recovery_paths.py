@@ -40,9 +40,6 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from fixtures_slurm import _free_port_base
 
-from orchestrator.cluster import ClusterSpec, LocalCluster
-from orchestrator.config import parse_config
-from orchestrator.config.load import resolve_paths
 from orchestrator.contract import (
     Heartbeat,
     JobState,
@@ -54,7 +51,10 @@ from orchestrator.contract import failure_events as fev
 from orchestrator.contract.events import read_events
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
-from orchestrator.runs import prepare_run_dir, submit_job
+from orchestrator.operate.runs import prepare_run_dir, submit_job
+from orchestrator.plan.config import parse_config
+from orchestrator.plan.config.load import resolve_paths
+from orchestrator.slurm.local_cluster import ClusterSpec, LocalCluster
 from orchestrator.slurm.real import SlurmScheduler
 
 STEPS, KILL_AT_STEP, KILL_RANK = 20, 9, 2

@@ -2,7 +2,7 @@
 
     python bench/slurm_foreign_jobs.py [--foreign 1000,10000] [--passes 15]   (root: runs daemons)
 
-Brings up a real local SLURM cluster (orchestrator.cluster.local, Debian's slurm-wlm) in a
+Brings up a real local SLURM cluster (orchestrator.slurm.local_cluster, Debian's slurm-wlm) in a
 temporary directory on free ports, submits a run's jobs (one running, one waiting on it as a
 singleton, one held), then measures a pass (`SlurmScheduler.jobs(ids)`, the one squeue the
 controller makes) for one live id and for three, on the empty queue and again after adding held
@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.cluster import ClusterSpec, LocalCluster  # noqa: E402
+from orchestrator.slurm.local_cluster import ClusterSpec, LocalCluster  # noqa: E402
 from orchestrator.slurm.real import SlurmScheduler  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "slurm_foreign_jobs.json"

@@ -29,8 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.config.schema import HealthConfig  # noqa: E402
-from orchestrator.training_health import DIVERGENCE, LOSS_SPIKE, assess  # noqa: E402
+from orchestrator.contract.training_health import DIVERGENCE, LOSS_SPIKE, assess  # noqa: E402
+from orchestrator.plan.config.schema import HealthConfig  # noqa: E402
 from tests.health_curves import flat_run, healthy_run, with_drift, with_spike  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "spike_sensitivity.json"

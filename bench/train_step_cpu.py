@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 
 def tiny_cfg(args):
-    from orchestrator.config import parse_config
+    from orchestrator.plan.config import parse_config
 
     return parse_config({
         "name": "bench-train-step-cpu",

@@ -17,7 +17,7 @@ In this order (the baseline first: plain torch objects, freed before our engine 
 Model FLOPs per iteration, for both (the same architecture): every matmul of forward and backward,
     tokens * (72 l h^2 + 12 l h s + 6 h V)      (PaLM, Chowdhery et al. 2022, appendix B: 6N + 12lhs)
     i.e. 6 FLOPs per weight per token (fwd 2, bwd 4), causal attention counted in full. Megatron's
-    72 B s l h^2 (1 + s/6h + V/16lh) (orchestrator.planner, BLOOM's papers) is also recorded: it is
+    72 B s l h^2 (1 + s/6h + V/16lh) (orchestrator.plan.planner, BLOOM's papers) is also recorded: it is
     derived with recompute (96 ...) and, scaled to 72, counts the logits as 4.5 h V instead of 6 h V
     (7% low at bloom-1b7's V/(16 l h) = 0.32; 0.4% at bloom-176b).
 MFU = model TFLOP/s / the GPU's dense bf16 peak (bench/device_peaks.py; H200: 989, or --peak-tflops).
@@ -63,7 +63,7 @@ def rates(step_seconds: float, flops: float, peak: float | None, tokens: int) ->
 
 
 def bench_cfg(args, gpu: bool):
-    from orchestrator.config import parse_config
+    from orchestrator.plan.config import parse_config
 
     layers, hidden, heads = PRESETS[args.preset]
     vocab = 250_880 if args.preset != "smoke" else 512

@@ -37,7 +37,7 @@ def say(text: str) -> None:
 
 def real_cluster_or_reason(nodes: int):
     """(LocalCluster, env) or (None, why not)."""
-    from orchestrator.cluster.local import ClusterSpec, LocalCluster, find_binary
+    from orchestrator.slurm.local_cluster import ClusterSpec, LocalCluster, find_binary
 
     missing = [b for b in ("slurmctld", "slurmd", "sbatch", "munged") if find_binary(b) is None]
     if os.geteuid() != 0:
@@ -59,8 +59,8 @@ def real_cluster_or_reason(nodes: int):
 
 
 def prepare(args, run_dir: Path):
-    from orchestrator.config import load_config
-    from orchestrator.runs import prepare_run_dir
+    from orchestrator.operate.runs import prepare_run_dir
+    from orchestrator.plan.config import load_config
 
     cfg = load_config(args.config)
     # Every "node" is this machine: the ranks run this interpreter (it has torch and deepspeed).
@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.contract.events import read_events
     from orchestrator.contract.state import RunStatus
     from orchestrator.controller import Controller
-    from orchestrator.event_text import clock, sentence
-    from orchestrator.report import write_report
-    from orchestrator.runs import submit_job
+    from orchestrator.operate.runs import submit_job
+    from orchestrator.views.event_text import clock, sentence
+    from orchestrator.views.report import write_report
 
     run_dir = Path(args.run_dir or REPO / "runs" / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     env = {**os.environ, "TRAINER_TENSORBOARD": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if summary["goodput"] is not None:  # the demo ends with where its wall time went
         from orchestrator.cli.report_cmd import print_goodput
 
-        say("where the wall time went (orchestrator/goodput.py)")
+        say("where the wall time went (orchestrator/views/goodput.py)")
         print_goodput(summary)
     failed = demo_failed(status == RunStatus.FINISHED, seen["steps"], not args.no_fault,
                          fault["done"], len(summary["incidents"]))  # fmt: skip
@@ -241,7 +241,7 @@ def _s(value) -> str:
 
 
 if __name__ == "__main__":
-    from orchestrator.filemodes import owner_umask
+    from orchestrator.contract.filemodes import owner_umask
 
     with owner_umask():  # the owner's modes for the run it makes and the controller it runs
         code = main()

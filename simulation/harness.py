@@ -2,7 +2,7 @@
 
 Every pass is a real `Controller.tick()` on a real run directory; only time is virtual. The
 controller gets the virtual clock (`clock`, `monotonic`, `sleep`), the simulated SLURM as its
-scheduler and the default submitter (the real sbatch rendering of orchestrator.runs).
+scheduler and the default submitter (the real sbatch rendering of orchestrator.operate.runs).
 
 Pass spacing (what keeps a simulated month cheap without changing an outcome):
 - dense, one pass per `watchdog.poll_seconds`, around every fault: from `pre` seconds before it
@@ -41,14 +41,14 @@ from pathlib import Path
 from typing import Any
 
 import orchestrator.contract.manifest as manifest
-from orchestrator.config import dump_config, parse_config
-from orchestrator.config.load import load_yaml
 from orchestrator.contract import KILL_REQUEST, RequestBody, RunPaths, atomic_write_json
+from orchestrator.contract import exclude as exclude_list
 from orchestrator.contract.events import Event, read_events
 from orchestrator.contract.files import deferred_collection
 from orchestrator.controller import Controller
-from orchestrator.controller import exclude as exclude_list
 from orchestrator.controller.timeouts import silent_after
+from orchestrator.plan.config import dump_config, parse_config
+from orchestrator.plan.config.load import load_yaml
 from orchestrator.slurm.base import JobState
 from orchestrator.slurm.render import run_job_name
 

@@ -1,4 +1,4 @@
-"""The job launcher on virtual time: what orchestrator/launcher does inside one simulated job.
+"""The job launcher on virtual time: what orchestrator/slurm/launcher does inside one simulated job.
 
 With `cluster.spare_nodes > 0` the job holds nodes + spares; its allocation.json (the contract's
 Allocation, written with the contract's writer) waits for decisions: launch 0 runs on the first
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.contract import PURPOSEFUL_EXITS, Allocation, LaunchEnd, LauncherState
-from orchestrator.launcher.launcher import decision_for, replace_nodes
+from orchestrator.slurm.launcher.launcher import decision_for, replace_nodes
 
 KILLED_STEP_SECONDS = 1.0  # scancel --signal=KILL of a step to srun's return
 

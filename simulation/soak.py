@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract import failure_events as fev
-from orchestrator.planner import goodput, plan_run
+from orchestrator.plan.planner import goodput, plan_run
 
 from .harness import Harness
 from .scenarios import bound_seconds
@@ -309,7 +309,7 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
                 "mean_restart_hours": plan.mean_restart_hours,
                 "job_restart_hours": plan.job_restart_hours,
             },
-            "formula": "orchestrator.planner.goodput(interval_hours, save_seconds, job_mtbf_hours, restart_hours)",
+            "formula": "orchestrator.plan.planner.goodput(interval_hours, save_seconds, job_mtbf_hours, restart_hours)",
             "goodput_at_published_rate": goodput(interval, save_seconds, mtbf, restart_hours),
             "goodput_with_config_restart_minutes": goodput(
                 interval, h.cfg.checkpoint.save_seconds, mtbf, h.cfg.watchdog.restart_minutes / 60

@@ -30,8 +30,8 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from orchestrator.config.slurm_time import slurm_time_seconds
-from orchestrator.planner import plan_run
+from orchestrator.plan.config.slurm_time import slurm_time_seconds
+from orchestrator.plan.planner import plan_run
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ local rank 0 gathers them) where a rank's beat changed since the last sync (the 
 right before each controller pass), with plain write-and-rename: the contract's atomicity without
 48 fsyncs a pass. A node whose local rank 0 died writes no more: its file holds what it last wrote
 (every rank of the node then looks dead); a dead peer's entry stays frozen in a file that moves. Each job's launcher record (allocation.json, with how its
-launch ended) is written as orchestrator/launcher writes it: the controller learns the culprit of
+launch ended) is written as orchestrator/slurm/launcher writes it: the controller learns the culprit of
 a crash from there, as on a real cluster.
 """
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cluster.local import port_busy
+from orchestrator.slurm.local_cluster import port_busy
 
 TEST_CLUSTER_NODES = 4
 TEST_GPUS_PER_NODE = 2
@@ -38,8 +38,7 @@ def _free_port_base(nodes: int) -> tuple[int, int]:
 
 @pytest.fixture(scope="session")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory):
-    from orchestrator.cluster import ClusterSpec, LocalCluster
-    from orchestrator.cluster.local import find_binary
+    from orchestrator.slurm.local_cluster import ClusterSpec, LocalCluster, find_binary
 
     missing = [b for b in ("slurmctld", "slurmd", "sbatch", "munged") if find_binary(b) is None]
     if missing and os.geteuid() != 0:

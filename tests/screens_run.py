@@ -24,7 +24,6 @@ import json
 import os
 from pathlib import Path
 
-from orchestrator.config import dump_config, load_config
 from orchestrator.contract import Heartbeat, RunPaths, StepMetrics, atomic_write_json, atomic_write_text
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
@@ -33,6 +32,7 @@ from orchestrator.contract.ledger import LastSeen, Submission, append_submission
 from orchestrator.contract.manifest import FileEntry, Manifest, write_manifest
 from orchestrator.contract.paths import LATEST_NAME
 from orchestrator.contract.state import ControllerState, JobRecord, RunStatus, save_state
+from orchestrator.plan.config import dump_config, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 UTC = datetime.timezone.utc

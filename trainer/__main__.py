@@ -1,6 +1,6 @@
 """`python -m trainer RUN_DIR`: one rank of a training run (started by srun, torchrun, or by hand).
 
-Reads RUN_DIR/run.yaml (the frozen config, `orchestrator.config.dump_config`), sets up
+Reads RUN_DIR/run.yaml (the frozen config, `orchestrator.plan.config.dump_config`), sets up
 torch.distributed from SLURM's variables (trainer.launch), trains, and exits with a code of
 `orchestrator.contract.ExitCode`: FINISHED 0, FAILED 1 (any exception), KILLED 17 (kill switch,
 checkpoint saved), TIME_BUDGET 18 (exit duration / pre-timeout signal, checkpoint saved),
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.CONFIG_ERROR)
     paths = RunPaths.of(argv[0])
 
-    from orchestrator.config import ConfigError, load_config
+    from orchestrator.plan.config import ConfigError, load_config
 
     try:
         cfg = load_config(paths.config)
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     # The data and the tokenizer, checked as `runctl submit` checked them on the login node, before
     # torch is imported: gone since then (a moved dataset, an unmounted filesystem) is a config
     # error, one stop of the run, not a crash that restarts and excludes healthy nodes.
-    from orchestrator.preflight import data_checks
+    from orchestrator.plan.preflight import data_checks
 
     missing = [check.message for check in data_checks(cfg) if check.level == "error"]
     if missing:

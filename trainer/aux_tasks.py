@@ -1,5 +1,5 @@
 """The work of the auxiliary jobs (`runctl preprocess | convert | export-hf | eval | sdc-check`), one function
-each, run inside the SLURM job (or the local subprocess) that orchestrator.auxjobs submits with
+each, run inside the SLURM job (or the local subprocess) that orchestrator.operate.auxjobs submits with
 submitit. Each takes plain values and returns a small JSON-able dict: that dict is what the
 controller's events.jsonl records as the job's result.
 
@@ -40,7 +40,7 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer: str, workers: i
 
 
 def _run_paths(run_dir: str) -> tuple[Any, RunPaths]:
-    from orchestrator.config import load_config
+    from orchestrator.plan.config import load_config
 
     cfg = load_config(RunPaths.of(run_dir).config)
     return cfg, RunPaths.of(run_dir, cfg.checkpoint.dir)

@@ -123,7 +123,7 @@ def model_state_from_pipeline(pipe_state: dict[str, torch.Tensor], num_layers: i
 
 
 def _main(argv: list[str] | None = None) -> int:
-    from orchestrator.config import load_config
+    from orchestrator.plan.config import load_config
 
     parser = argparse.ArgumentParser(prog="python -m trainer.convert_hf", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="direction", required=True)

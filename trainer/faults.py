@@ -22,7 +22,7 @@ trainer/progress_io.py):
     slowsave   sleep SLOW_SAVE_CHUNK_SECONDS after each chunk (a slow save whose bytes keep moving)
     hangsave   block for ever after the first chunk (a save whose writer blocks: a hang)
 
-Kinds for training health (orchestrator/training_health.py, trainer/probe.py):
+Kinds for training health (orchestrator/contract/training_health.py, trainer/probe.py):
     spike        the training loss (hence every gradient) of step N is multiplied by SPIKE_FACTOR: a
                  loss spike that comes back whenever step N is trained again (e.g. after a rollback)
     poison       poison@samplesA-B: every sample at a position in [A, B) of the global sample order is

@@ -106,7 +106,7 @@ def build_datasets(cfg, paths: RunPaths, rank: int):
     cache in data_cache/, the others wait, then memory-map it)."""
     import torch.distributed as tdist
 
-    from orchestrator.preflight import data_checks
+    from orchestrator.plan.preflight import data_checks
     from trainer.data import build_train_valid_test_datasets
     from trainer.parallel.groups import LayoutError
 

@@ -8,7 +8,7 @@ Fields of a metrics.jsonl line (orchestrator.contract.StepMetrics; the dashboard
     validation set of data.eval_iters global batches); with dp > 1, dp_losses: each DP replica's
     own loss, in DP-rank order (their mean is `loss`), for trainer/replay.py.
 consumed_samples is the data position after the step (docs/data.md: a rollback's skipped samples
-count); lr is the LR applied (a rollback's LR cut included). orchestrator/training_health.py
+count); lr is the LR applied (a rollback's LR cut included). orchestrator/contract/training_health.py
 judges these records.
 A NaN/inf value is written as null (JSON has no NaN).
 """
@@ -28,7 +28,7 @@ def flops_per_iteration(cfg, global_batch: int) -> float:
     24 * f * B * s * l * h^2 * (1 + s/(6h) + V/(16 l h)), f = 4 with activation recompute, else 3
     (forward = 1, backward = 2, recompute = 1 more forward)."""
     # One formula for the planner and the trainer: the planner's (stdlib-only, safe to import here).
-    from orchestrator.planner import flops_per_iteration as planner_flops
+    from orchestrator.plan.planner import flops_per_iteration as planner_flops
 
     return float(planner_flops(cfg, global_batch, recompute=cfg.parallel.activation_checkpointing))
 

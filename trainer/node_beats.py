@@ -6,7 +6,7 @@ gathers them into the node's one heartbeat file (orchestrator.contract.NodeBeat)
 In memory (tmpfs), written about once a second by every rank: no shared filesystem touched. Keyed
 by host too, because the local test cluster's emulated nodes share one /dev/shm; by the job's
 incarnation, so a relaunch never reads the last launch's beats. Both folders are this user's, mode
-0700, checked (orchestrator.filemodes.private_dir), and every file is opened through the folder's
+0700, checked (orchestrator.contract.filemodes.private_dir), and every file is opened through the folder's
 descriptor without following links and read bounded: another user cannot feed a beat in.
 """
 
@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from orchestrator.contract import ContractError, Heartbeat
+from orchestrator.contract.filemodes import private_dir
 from orchestrator.contract.files import loads_bounded
 from orchestrator.contract.heartbeat import HEARTBEAT_MAX_BYTES
 from orchestrator.contract.paths import rank_file_name
-from orchestrator.filemodes import private_dir
 
 SHM = Path("/dev/shm")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,200}")

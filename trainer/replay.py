@@ -119,7 +119,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    from orchestrator.config import ConfigError, load_config
+    from orchestrator.plan.config import ConfigError, load_config
 
     paths = RunPaths.of(args.run_dir)
     try:

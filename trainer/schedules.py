@@ -112,7 +112,7 @@ class BatchRampup:
         return self.global_batch_at(consumed_samples) // self.micro_times_dp
 
 
-def lr_schedule_from_config(cfg) -> LRSchedule:  # cfg: orchestrator.config.RunConfig
+def lr_schedule_from_config(cfg) -> LRSchedule:  # cfg: orchestrator.plan.config.RunConfig
     opt = cfg.optimizer
     return LRSchedule(
         max_lr=opt.lr,

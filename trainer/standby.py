@@ -1,7 +1,7 @@
 """`python -m trainer.standby --go FILE -- python -m trainer RUN_DIR`: a warm rank for the next launch.
 
 Most of a trainer's start is importing torch, DeepSpeed and the model code (seconds per process,
-more when 8 ranks of a node import at once). The job launcher (orchestrator/launcher)
+more when 8 ranks of a node import at once). The job launcher (orchestrator/slurm/launcher)
 therefore keeps the next launch warm: once a launch trains, it starts a standby srun step with G
 tasks on every usable node of the allocation (the running launch's nodes and the spares, `--overlap`:
 they only wait). Each standby task imports the trainer, then waits for the launcher's go file
@@ -32,7 +32,7 @@ LAZY_MODULES = (
     "deepspeed.module_inject",
     "deepspeed.ops",
     "torch.profiler",
-    "orchestrator.config",
+    "orchestrator.plan.config",
     "trainer.data",
     "trainer.model",
     "trainer.parallel",
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from orchestrator.filemodes import owner_umask
+    from orchestrator.contract.filemodes import owner_umask
 
     with owner_umask():  # first: the trainer it then runs in this process writes under it too
         code = main()

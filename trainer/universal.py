@@ -145,7 +145,7 @@ def _source_of(args: argparse.Namespace) -> Path:
 
     paths = RunPaths.of(args.run_dir)
     if paths.config.is_file():  # the checkpoints are where the run's config says
-        from orchestrator.config import load_config
+        from orchestrator.plan.config import load_config
 
         paths = RunPaths.of(args.run_dir, load_config(paths.config).checkpoint.dir)
     if args.step is not None:

@@ -1,6 +1,6 @@
 """`runctl preprocess | convert | export-hf | eval RUN_DIR ...`: a run's auxiliary work as a SLURM
 job (submitit), on the run's partition and account, or here with --local; the command waits for
-the end and records it in events.jsonl (orchestrator/auxjobs.py). Exit 0 when the job succeeded,
+the end and records it in events.jsonl (orchestrator/operate/auxjobs.py). Exit 0 when the job succeeded,
 1 when it failed (its log is named), as for any other command otherwise.
 """
 
@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def task_kwargs(args: argparse.Namespace) -> dict:
     """The task's arguments: plain values, paths absolute (the job may start in another folder)."""
     if args.kind == "preprocess":
-        from orchestrator.runs import load_run_config  # noqa: PLC0415
+        from orchestrator.operate.runs import load_run_config  # noqa: PLC0415
 
         cfg = load_run_config(args.run_dir)
         return {
@@ -84,7 +84,7 @@ def task_kwargs(args: argparse.Namespace) -> dict:
 
 
 def run_aux_command(args: argparse.Namespace) -> int:
-    from orchestrator.auxjobs import AuxJobFailed, run_aux  # noqa: PLC0415
+    from orchestrator.operate.auxjobs import AuxJobFailed, run_aux  # noqa: PLC0415
 
     def submitted(aux) -> None:
         if not args.json:

@@ -33,10 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_check_env(args: argparse.Namespace) -> int:
-    from orchestrator.config import load_config  # noqa: PLC0415 - start-up time of the other commands
+    from orchestrator.contract.textsafe import for_terminal  # noqa: PLC0415
+    from orchestrator.plan.config import load_config  # noqa: PLC0415 - start-up time of the other commands
     from orchestrator.slurm import get_scheduler  # noqa: PLC0415
     from orchestrator.slurm.env_probe import run_probe  # noqa: PLC0415
-    from orchestrator.textsafe import for_terminal  # noqa: PLC0415
 
     cfg = load_config(args.config)
     run_root = (Path(args.run_dir) if args.run_dir else Path("runs") / cfg.name).resolve()

@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cluster(args: argparse.Namespace):
-    from orchestrator.cluster import LocalCluster
+    from orchestrator.slurm.local_cluster import LocalCluster
 
     return LocalCluster(args.dir)
 
@@ -82,7 +82,7 @@ def _print_status(status: dict) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from orchestrator.cluster import ClusterSpec
+    from orchestrator.slurm.local_cluster import ClusterSpec
 
     cluster = _cluster(args)
     started = time.time()

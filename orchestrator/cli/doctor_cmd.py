@@ -3,7 +3,7 @@
 Exit 0 when the controller beats and its passes succeed, a job is queued or running and the disk
 holds the next checkpoint; 1 (and a notification, once per new problem) otherwise. `--restart-controller`
 starts `runctl watch RUN_DIR --detach` when the controller is missing or stale and the caller
-owns the run. The checks and why they are judged as they are: orchestrator/doctor.py.
+owns the run. The checks and why they are judged as they are: orchestrator/views/doctor.py.
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from orchestrator import doctor  # noqa: PLC0415
     from orchestrator.cli.watch_cmd import scheduler_for_run  # noqa: PLC0415
     from orchestrator.contract import RunPaths  # noqa: PLC0415
-    from orchestrator.notify import notify  # noqa: PLC0415
-    from orchestrator.runs import load_run_config  # noqa: PLC0415
+    from orchestrator.controller.notify import notify  # noqa: PLC0415
+    from orchestrator.operate.runs import load_run_config  # noqa: PLC0415
+    from orchestrator.views import doctor  # noqa: PLC0415
 
     paths = RunPaths.of(args.run_dir)
     if not paths.config.exists():
@@ -93,8 +93,8 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def _restart(run_root):
-    from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
-    from orchestrator.doctor import Finding  # noqa: PLC0415
+    from orchestrator.contract.controller_lock import lock_holder  # noqa: PLC0415
+    from orchestrator.views.doctor import Finding  # noqa: PLC0415
 
     if os.geteuid() != run_root.stat().st_uid:
         return Finding("restart", False, "not restarted: only the run's owner may start its controller")

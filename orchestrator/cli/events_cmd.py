@@ -1,6 +1,6 @@
 """`runctl events RUN_DIR`: what the controller saw and did (events.jsonl), or with --audit who did
 what (audit.jsonl); filtered by --type and --since, and followed as it grows with --follow.
-Events print as sentences (orchestrator.event_text), one line each; --json prints the records.
+Events print as sentences (orchestrator.views.event_text), one line each; --json prints the records.
 
 Both files are written only by the owner's controller (docs/security.md), but their text may
 come from other users (a kill reason, a node name): every value goes through `for_terminal`.
@@ -100,9 +100,9 @@ def matches(record: Any, types: set[str], since: float | None) -> bool:
 
 def format_record(record: Any) -> str:
     """One record, one line (a reason cannot forge a second one): its local time, then the event as
-    a sentence (orchestrator.event_text) or the audit line's who, what, verdict and why."""
-    from orchestrator.event_text import sentence  # noqa: PLC0415
-    from orchestrator.textsafe import for_terminal  # noqa: PLC0415
+    a sentence (orchestrator.views.event_text) or the audit line's who, what, verdict and why."""
+    from orchestrator.contract.textsafe import for_terminal  # noqa: PLC0415
+    from orchestrator.views.event_text import sentence  # noqa: PLC0415
 
     try:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.time or 0))
@@ -190,7 +190,7 @@ def _nothing(paths, args, everything: list[Any], types: set[str]) -> str:
         if args.audit:
             return f"no operator actions recorded ({paths.audit} is empty)"
         return f"no events recorded yet ({paths.events}): has a controller run? `runctl watch {paths.root} --detach`"
-    from orchestrator.textsafe import for_terminal  # noqa: PLC0415
+    from orchestrator.contract.textsafe import for_terminal  # noqa: PLC0415
 
     seen = sorted({kind_of(r) for r in everything})
     wanted = f" of type {', '.join(sorted(types))}" if types else ""

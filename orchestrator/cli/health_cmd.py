@@ -90,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -- health ---------------------------------------------------------------------------------------
 def run_health(args: argparse.Namespace) -> int:
     from orchestrator.cli.kill_cmd import _run  # noqa: PLC0415
-    from orchestrator.health_report import describe, read_health  # noqa: PLC0415
+    from orchestrator.views.health_report import describe, read_health  # noqa: PLC0415
 
     if args.around < 1:
         raise UsageError(f"--around {args.around}: give a number of steps >= 1")
@@ -98,7 +98,7 @@ def run_health(args: argparse.Namespace) -> int:
     view = read_health(paths.root, cfg)
     png = None
     if not args.no_png:
-        from orchestrator.health_plot import plot_health  # noqa: PLC0415
+        from orchestrator.views.health_plot import plot_health  # noqa: PLC0415
 
         target = args.png or os.path.join(os.getcwd(), f"{cfg.name}-health.png")
         written = plot_health(view, target, around=args.around, title=f"{cfg.name}: status {view.status}")
@@ -134,9 +134,9 @@ def _ranges(values: list[str]) -> list[list[int]]:
 def run_rollback(args: argparse.Namespace) -> int:
     from orchestrator.cli.kill_cmd import _drop_request, _run, _withdraw_kill  # noqa: PLC0415
     from orchestrator.contract import ROLLBACK_REQUEST, DirectiveError, RequestBody, RollbackAsk, RunPaths  # noqa: PLC0415
+    from orchestrator.contract.operators import require_operator  # noqa: PLC0415
     from orchestrator.contract.requests import MAX_REQUEST_BYTES  # noqa: PLC0415
     from orchestrator.contract.state import RunStatus, load_state  # noqa: PLC0415
-    from orchestrator.operators import require_operator  # noqa: PLC0415
 
     paths, cfg = _run(args.run_dir)
     if not args.reason.strip():
@@ -168,7 +168,7 @@ def run_rollback(args: argparse.Namespace) -> int:
 
 def _check_target(paths, to_step: int) -> None:
     """A checkpoint to go back to must exist (else the trainer would refuse to start: exit 19)."""
-    from orchestrator.controller.checkpoints import list_checkpoints  # noqa: PLC0415
+    from orchestrator.contract.checkpoints import list_checkpoints  # noqa: PLC0415
 
     complete = [c.step for c in list_checkpoints(paths.checkpoints) if c.complete]
     if to_step > 0 and not [s for s in complete if s <= to_step]:
@@ -182,8 +182,8 @@ def _check_target(paths, to_step: int) -> None:
 def _after_request(paths, user, what: str) -> int:
     """Who carries the request out: the running controller, or (the owner's) one pass now."""
     from orchestrator.cli.watch_cmd import one_pass_now  # noqa: PLC0415
-    from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
-    from orchestrator.operators import run_owner  # noqa: PLC0415
+    from orchestrator.contract.controller_lock import lock_holder  # noqa: PLC0415
+    from orchestrator.contract.operators import run_owner  # noqa: PLC0415
 
     holder = lock_holder(paths.root)
     if holder is not None:
@@ -208,8 +208,8 @@ def _after_request(paths, user, what: str) -> int:
 
 # -- sdc-check ------------------------------------------------------------------------------------
 def run_sdc_check(args: argparse.Namespace) -> int:
-    from orchestrator.auxjobs import run_aux  # noqa: PLC0415
-    from orchestrator.runs import load_run_config  # noqa: PLC0415
+    from orchestrator.operate.auxjobs import run_aux  # noqa: PLC0415
+    from orchestrator.operate.runs import load_run_config  # noqa: PLC0415
 
     if args.step < 0 or args.steps < 1:
         raise UsageError(f"--step {args.step} --steps {args.steps}: give a step >= 0 and at least 1 step")

@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(run_dir: str):
     from orchestrator.contract import RunPaths  # noqa: PLC0415
-    from orchestrator.runs import load_run_config  # noqa: PLC0415
+    from orchestrator.operate.runs import load_run_config  # noqa: PLC0415
 
     paths = RunPaths.of(run_dir)
     try:
@@ -69,8 +69,8 @@ def _run(run_dir: str):
         with open(paths.config, "rb"):
             pass
     except PermissionError:
+        from orchestrator.contract.operators import group_name  # noqa: PLC0415
         from orchestrator.errors import PermissionDeniedError  # noqa: PLC0415
-        from orchestrator.operators import group_name  # noqa: PLC0415
 
         raise PermissionDeniedError(
             f"you cannot read {paths.config}: the run is readable by its owner and group "
@@ -85,7 +85,7 @@ def _run(run_dir: str):
 def _drop_request(paths, cfg, user, name: str, body: dict) -> None:
     """Write control/<name> as `user`; an operator the kernel does not let in gets the fix."""
     from orchestrator.contract import atomic_write_json  # noqa: PLC0415
-    from orchestrator.operators import cannot_write_control  # noqa: PLC0415
+    from orchestrator.contract.operators import cannot_write_control  # noqa: PLC0415
 
     try:
         atomic_write_json(paths.control_request(name), body, mode=0o660)
@@ -95,8 +95,8 @@ def _drop_request(paths, cfg, user, name: str, body: dict) -> None:
 
 def run_kill(args: argparse.Namespace) -> int:
     from orchestrator.contract import KILL_REQUEST, RequestBody  # noqa: PLC0415
-    from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
-    from orchestrator.operators import require_operator  # noqa: PLC0415
+    from orchestrator.contract.controller_lock import lock_holder  # noqa: PLC0415
+    from orchestrator.contract.operators import require_operator  # noqa: PLC0415
 
     paths, cfg = _run(args.run_dir)
     if not args.reason.strip():
@@ -152,9 +152,9 @@ def _withdraw_kill(paths, cfg, user) -> str:
     without following links."""
     from orchestrator.contract import KILL_REQUEST, RequestBody, UntrustedFileError  # noqa: PLC0415
     from orchestrator.contract.files import loads_bounded, read_untrusted  # noqa: PLC0415
+    from orchestrator.contract.operators import User, cannot_write_control  # noqa: PLC0415
     from orchestrator.contract.requests import MAX_REQUEST_BYTES  # noqa: PLC0415
-    from orchestrator.operators import User, cannot_write_control  # noqa: PLC0415
-    from orchestrator.textsafe import cap, for_terminal  # noqa: PLC0415
+    from orchestrator.contract.textsafe import cap, for_terminal  # noqa: PLC0415
 
     path = paths.control_request(KILL_REQUEST)
     try:
@@ -177,7 +177,7 @@ def _withdraw_kill(paths, cfg, user) -> str:
 
 
 def _owner(paths) -> str:
-    from orchestrator.operators import run_owner  # noqa: PLC0415
+    from orchestrator.contract.operators import run_owner  # noqa: PLC0415
 
     return run_owner(paths)
 
@@ -185,8 +185,8 @@ def _owner(paths) -> str:
 def run_resume(args: argparse.Namespace) -> int:
     from orchestrator.cli.watch_cmd import one_pass_now  # noqa: PLC0415
     from orchestrator.contract import RESUME_REQUEST, RequestBody  # noqa: PLC0415
-    from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
-    from orchestrator.operators import User, require_operator, run_owner  # noqa: PLC0415
+    from orchestrator.contract.controller_lock import lock_holder  # noqa: PLC0415
+    from orchestrator.contract.operators import User, require_operator, run_owner  # noqa: PLC0415
 
     paths, cfg = _run(args.run_dir)
     user = require_operator(paths, cfg.operators, "resume")
@@ -214,8 +214,8 @@ def run_resume(args: argparse.Namespace) -> int:
 
 
 def run_nodes(args: argparse.Namespace) -> int:
-    from orchestrator.controller.exclude import read_excluded, read_exclusions  # noqa: PLC0415
-    from orchestrator.textsafe import for_terminal  # noqa: PLC0415
+    from orchestrator.contract.exclude import read_excluded, read_exclusions  # noqa: PLC0415
+    from orchestrator.contract.textsafe import for_terminal  # noqa: PLC0415
 
     paths, cfg = _run(args.run_dir)
     if args.clear or args.all:
@@ -253,9 +253,9 @@ def _request_clear(paths, cfg, args: argparse.Namespace) -> int:
     """Drop control/nodes-clear: the controller checks who asked, audits it and clears the nodes
     (only the owner's processes write the exclude list)."""
     from orchestrator.contract import NODES_CLEAR_REQUEST, RequestBody  # noqa: PLC0415
+    from orchestrator.contract.controller_lock import lock_holder  # noqa: PLC0415
+    from orchestrator.contract.operators import require_operator  # noqa: PLC0415
     from orchestrator.contract.requests import bad_node_names  # noqa: PLC0415
-    from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
-    from orchestrator.operators import require_operator  # noqa: PLC0415
 
     nodes = [] if args.all else list(args.clear)
     bad = bad_node_names(nodes)

@@ -63,7 +63,7 @@ def newest(outputs: dict[str, Path]) -> str | None:
 
 def run_logs(args: argparse.Namespace) -> int:
     from orchestrator.contract import RunPaths  # noqa: PLC0415
-    from orchestrator.textsafe import for_terminal  # noqa: PLC0415
+    from orchestrator.contract.textsafe import for_terminal  # noqa: PLC0415
 
     paths = RunPaths.of(args.run_dir)
     if not paths.config.exists():
@@ -107,7 +107,7 @@ def run_logs(args: argparse.Namespace) -> int:
 
 def _check_rank(rank: int, paths) -> None:
     """A rank the run has: from 0 to its world size - 1 (run.yaml's layout)."""
-    from orchestrator.runs import load_run_config  # noqa: PLC0415 - the config models
+    from orchestrator.operate.runs import load_run_config  # noqa: PLC0415 - the config models
 
     world = load_run_config(paths.root).world_size
     if not 0 <= rank < world:

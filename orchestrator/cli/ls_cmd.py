@@ -3,7 +3,7 @@
 A run is a folder with a run.yaml, at ROOT itself or up to MAX_DEPTH levels below it (e.g.
 /gpfs/runs/<user>/<run>). Its state is the controller's state.json, read by the controller's
 own reader (orchestrator.controller.state.load_state); whether a controller supervises it now is
-the run's lock (orchestrator.controller.lock). Nothing is written.
+the run's lock (orchestrator.contract.controller_lock). Nothing is written.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def describe_run(run_dir: Path, now: float) -> dict:
     from orchestrator.contract import RunPaths  # noqa: PLC0415
+    from orchestrator.contract.controller_lock import lock_holder  # noqa: PLC0415
     from orchestrator.contract.state import load_state  # noqa: PLC0415
-    from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
-    from orchestrator.runs import recorded_jobs, run_name  # noqa: PLC0415
+    from orchestrator.operate.runs import recorded_jobs, run_name  # noqa: PLC0415
 
     paths = RunPaths.of(run_dir)
     row = {"run_dir": str(run_dir), "name": "?", "status": "?", "jobs": 0, "live_jobs": 0,
@@ -73,7 +73,7 @@ def _age(seconds: float | None) -> str:
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    from orchestrator.textsafe import for_terminal  # noqa: PLC0415
+    from orchestrator.contract.textsafe import for_terminal  # noqa: PLC0415
 
     root = Path(args.root)
     if not root.is_dir():

@@ -11,8 +11,8 @@ import importlib
 import sys
 
 from orchestrator import __version__
+from orchestrator.contract.filemodes import owner_umask
 from orchestrator.errors import EXIT_INTERRUPTED, EXIT_USAGE, RunctlError
-from orchestrator.filemodes import owner_umask
 
 # Modules under orchestrator.cli that add subcommands, in --help order.
 COMMAND_MODULES = [

@@ -6,7 +6,7 @@ port or in one file, each series labelled with its run's identity and run_dir.
 127.0.0.1 unless HOST says otherwise: the endpoint has no authentication, and a run's metrics are
 the team's business (docs/security.md). --textfile PATH writes them once, atomically, mode 0644,
 for node-exporter's textfile collector (run it from cron or a systemd timer). What is exported:
-orchestrator/prom.py.
+orchestrator/views/prom.py.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def run_metrics(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server, write_to_textfile  # noqa: PLC0415
 
     from orchestrator.contract import RunPaths  # noqa: PLC0415
-    from orchestrator.prom import run_registry  # noqa: PLC0415
+    from orchestrator.views.prom import run_registry  # noqa: PLC0415
 
     paths = RunPaths.of(args.run_dir)
     if args.all and not paths.root.is_dir():

@@ -6,8 +6,8 @@ import argparse
 import json
 import math
 
-from orchestrator.config import load_config
 from orchestrator.errors import EXIT_DOES_NOT_FIT, EXIT_OK, UsageError
+from orchestrator.plan.config import load_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.planner import plan_run
+    from orchestrator.plan.planner import plan_run
 
     _check_overrides(args)
     cfg = load_config(args.config)

@@ -6,7 +6,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.planner import Plan
+from orchestrator.plan.planner import Plan
 
 
 def _si(value: float) -> str:

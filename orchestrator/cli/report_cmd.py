@@ -26,9 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_report(args: argparse.Namespace) -> int:
     from orchestrator.contract import RunPaths  # noqa: PLC0415
     from orchestrator.contract.state import load_state  # noqa: PLC0415
-    from orchestrator.report import write_report  # noqa: PLC0415
-    from orchestrator.runs import run_name  # noqa: PLC0415
-    from orchestrator.textsafe import for_terminal  # noqa: PLC0415
+    from orchestrator.contract.textsafe import for_terminal  # noqa: PLC0415
+    from orchestrator.operate.runs import run_name  # noqa: PLC0415
+    from orchestrator.views.report import write_report  # noqa: PLC0415
 
     paths = RunPaths.of(args.run_dir)
     if not paths.config.exists():
@@ -61,8 +61,8 @@ def run_report(args: argparse.Namespace) -> int:
 
 def print_goodput(summary: dict) -> None:
     """The whole-run and last-24 h breakdown of wall time (also what `make demo` ends with)."""
-    from orchestrator.event_text import duration  # noqa: PLC0415
-    from orchestrator.goodput import format_breakdown  # noqa: PLC0415
+    from orchestrator.views.event_text import duration  # noqa: PLC0415
+    from orchestrator.views.goodput import format_breakdown  # noqa: PLC0415
 
     tb = summary["time_breakdown"]
     parts = [("whole run", tb["whole_run"]), ("last 24 h", tb["last_24h"])]
@@ -79,7 +79,7 @@ def print_goodput(summary: dict) -> None:
 
 def describe_incident(number: int, incident: dict) -> list[str]:
     """A report's incident (summary["incidents"], not an event) in words, on short lines."""
-    from orchestrator.event_text import duration, hosts  # noqa: PLC0415
+    from orchestrator.views.event_text import duration, hosts  # noqa: PLC0415
 
     i = incident  # not a beat or event: the report's incident
     where = (

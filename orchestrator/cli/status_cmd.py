@@ -1,8 +1,8 @@
 """`runctl status [RUN_DIR] [--json] [--follow]`: the run at a glance, for anyone who can read the
 run directory (no controller needed, nothing written but the owner's cache of job states).
 
-The facts come from orchestrator.dashboard.status_data, the words and layout from
-orchestrator.status_screen; --follow redraws the same screen in place (rich Live) until Ctrl-C.
+The facts come from orchestrator.views.dashboard.status_data, the words and layout from
+orchestrator.views.status_screen; --follow redraws the same screen in place (rich Live) until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def gather(run_dir: Path) -> dict:
     """status_data with the scheduler when it can be asked; when not, why (the screen says so)."""
-    from orchestrator.dashboard import status_data  # noqa: PLC0415
     from orchestrator.slurm import get_scheduler  # noqa: PLC0415
+    from orchestrator.views.dashboard import status_data  # noqa: PLC0415
 
     try:
         scheduler = get_scheduler()
@@ -56,7 +56,7 @@ def gather(run_dir: Path) -> dict:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from orchestrator.runs import load_run_config  # noqa: PLC0415
+    from orchestrator.operate.runs import load_run_config  # noqa: PLC0415
 
     run_dir = Path(args.run_dir)
     load_run_config(run_dir)  # refuses a folder that is not a run directory, or a broken config
@@ -69,7 +69,7 @@ def run_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     from rich.console import Console  # noqa: PLC0415
 
-    from orchestrator.status_screen import render_status  # noqa: PLC0415
+    from orchestrator.views.status_screen import render_status  # noqa: PLC0415
 
     if not args.follow:
         Console().print(render_status(gather(run_dir)))

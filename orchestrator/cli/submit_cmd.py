@@ -1,7 +1,7 @@
 """`runctl submit CONFIG`, `runctl cancel RUN_DIR` (`runctl status`: status_cmd.py).
 
 The scheduler is RUNCTL_SCHEDULER=slurm|mock (default slurm; the mock only when asked for). The
-library does the work (`orchestrator.runs`); this file parses, calls and prints.
+library does the work (`orchestrator.operate.runs`); this file parses, calls and prints.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_submit(args: argparse.Namespace) -> int:
     import sys  # noqa: PLC0415
 
-    from orchestrator.runs import submit_run  # noqa: PLC0415
+    from orchestrator.contract.textsafe import for_terminal  # noqa: PLC0415
+    from orchestrator.operate.runs import submit_run  # noqa: PLC0415
     from orchestrator.slurm import get_scheduler, scheduler_name  # noqa: PLC0415
-    from orchestrator.textsafe import for_terminal  # noqa: PLC0415
 
     scheduler = None if args.dry_run else get_scheduler()
     result = submit_run(
@@ -125,7 +125,7 @@ def describe_chain(count: int, job_name: str) -> list[str]:
 
 
 def run_cancel(args: argparse.Namespace) -> int:
-    from orchestrator.runs import cancel_run, load_run_config
+    from orchestrator.operate.runs import cancel_run, load_run_config
     from orchestrator.slurm import get_scheduler
 
     load_run_config(args.run_dir)  # refuses a folder that is not a run directory

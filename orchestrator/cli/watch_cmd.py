@@ -61,7 +61,7 @@ def scheduler_for_run(run_dir: Path):
 
 def make_controller(run_dir: Path, scheduler=None):
     from orchestrator.controller import Controller  # noqa: PLC0415
-    from orchestrator.runs import load_run_config  # noqa: PLC0415
+    from orchestrator.operate.runs import load_run_config  # noqa: PLC0415
 
     cfg = load_run_config(run_dir)
     return Controller(run_dir, cfg, scheduler or scheduler_for_run(run_dir))
@@ -85,7 +85,7 @@ def refuse_non_owner(run_dir: Path) -> None:
     if os.geteuid() == owner_uid:
         return
     from orchestrator.contract import RunPaths  # noqa: PLC0415
-    from orchestrator.operators import User, run_owner  # noqa: PLC0415
+    from orchestrator.contract.operators import User, run_owner  # noqa: PLC0415
 
     raise PermissionDeniedError(
         f"only the owner of {run_dir} ({run_owner(RunPaths.of(run_dir))}) may run its controller; you are "
@@ -137,7 +137,7 @@ def run_watch(args: argparse.Namespace) -> int:
 def _plain_logger(run_dir: Path):
     from orchestrator.contract import RunPaths  # noqa: PLC0415
     from orchestrator.contract.events import read_events  # noqa: PLC0415
-    from orchestrator.event_text import clock, sentence  # noqa: PLC0415
+    from orchestrator.views.event_text import clock, sentence  # noqa: PLC0415
 
     seen = {"n": len(read_events(RunPaths.of(run_dir).events))}
 
@@ -164,8 +164,8 @@ def _say_on_stderr(line: str) -> None:
 
 def _screen(run_dir: Path):
     """The `runctl status` screen, from the controller's own records (it asks SLURM every pass)."""
-    from orchestrator.dashboard import status_data  # noqa: PLC0415
-    from orchestrator.status_screen import render_status  # noqa: PLC0415
+    from orchestrator.views.dashboard import status_data  # noqa: PLC0415
+    from orchestrator.views.status_screen import render_status  # noqa: PLC0415
 
     return render_status(status_data(run_dir))
 
@@ -185,7 +185,7 @@ def _print_dashboard(run_dir: Path) -> None:
 
 def detach(run_dir: Path, stay: bool = False) -> int:
     """Double fork + setsid: the controller survives the login shell; pid/log in the run dir."""
-    from orchestrator.controller.lock import lock_holder  # noqa: PLC0415
+    from orchestrator.contract.controller_lock import lock_holder  # noqa: PLC0415
 
     holder = lock_holder(run_dir)
     if holder:

@@ -5,7 +5,7 @@ inside its own allocation (on spare nodes) without going back to the queue.
     jobs/<job_id>/decisions/launch-K.json  written by the controller, read by the launcher
     jobs/<job_id>/launch-K.srun.stderr     srun's stderr of launch K (contract.job_end parses it)
 
-Every job script execs the launcher (orchestrator/launcher); a job without spares is the
+Every job script execs the launcher (orchestrator/slurm/launcher); a job without spares is the
 degenerate case: one launch, never a decision. Both sides read the other's file as untrusted
 input (a run directory is shared): a regular file with one link, bounded, written by the run's
 owner, with every field checked here.

@@ -1,4 +1,4 @@
-"""events.jsonl records of training health (orchestrator/training_health.py,
+"""events.jsonl records of training health (orchestrator/contract/training_health.py,
 controller/health_policy.py): findings on metrics.jsonl, pauses and rollbacks. Same rules as
 events.py (registered by kind on import; the contract package imports this module, so
 `read_events` always knows them)."""

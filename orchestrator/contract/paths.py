@@ -107,7 +107,7 @@ class RunPaths:
 
     @property
     def exclude_list(self) -> Path:
-        """Nodes the controller excluded (orchestrator.controller.exclude): written by the owner
+        """Nodes the controller excluded (orchestrator.contract.exclude): written by the owner
         only, read by the operators' group; operators clear nodes by a request (NODES_CLEAR_REQUEST)."""
         return self.root / EXCLUDE_FILE_NAME
 
@@ -172,7 +172,7 @@ class RunPaths:
 
     @property
     def submissions(self) -> Path:
-        """The submission ledger: one line per submitted job (orchestrator.runs writes it)."""
+        """The submission ledger: one line per submitted job (orchestrator.operate.runs writes it)."""
         return self.jobs / "submissions.jsonl"
 
     @property

@@ -5,7 +5,7 @@
   the team reads it in its channel, nobody is woken;
 - info: a stop or an end a person asked for or expects (a kill, the run finished).
 
-`notifications` (orchestrator/notify.py) routes by it: `page:` URLs get pages, `chat:` URLs get
+`notifications` (orchestrator/controller/notify.py) routes by it: `page:` URLs get pages, `chat:` URLs get
 chat and pages, `urls` (and `webhook`, `email`) everything. apprise's notify type follows it. A
 run's stop is a page when it stopped on its own (kinds crash_loop and stopped: config error,
 paused for health), info when an operator asked (kill) or it finished. `runctl doctor` fails on the same stops

@@ -7,6 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+# A SLURM node name (or a bracketed host range): what the exclude list and `--exclude` accept.
+SLURM_NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_\-]*(\[[0-9,\-]+\])?$"
+
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -20,13 +20,13 @@ from orchestrator.contract import (
     write_rollback,
 )
 from orchestrator.contract import events as ev
+from orchestrator.contract import exclude as exclude_list
 from orchestrator.contract import failure_events as fev
 from orchestrator.contract import pool_events as pev
 from orchestrator.contract.requests import publish_request, withdraw_request
 from orchestrator.contract.state import ControllerState, JobRecord, Recovery, RunStatus
 from orchestrator.slurm.base import Scheduler
 
-from . import exclude as exclude_list
 from . import requests as intake
 from .actions import (
     Action,

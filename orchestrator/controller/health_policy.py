@@ -2,7 +2,7 @@
 requests, to actions. Pure: the supervisor gathers the inputs (metrics_follower.py, the
 checkpoints' trainer_state.json) and the applier carries the actions out.
 
-Per finding (orchestrator/training_health.py), the config's policy `health.policy.<kind>`:
+Per finding (orchestrator/contract/training_health.py), the config's policy `health.policy.<kind>`:
 - notify: a `health_finding` event and a "health" notification, nothing else;
 - pause: the same, then a graceful stop through the kill switch's own path: accepted/kill is
   published, so the trainer saves and exits 17 at its next step (nothing new is obeyed), queued
@@ -47,7 +47,7 @@ from orchestrator.contract import (
 )
 from orchestrator.contract import health_events as hev
 from orchestrator.contract.state import ControllerState, RunStatus
-from orchestrator.training_health import (
+from orchestrator.contract.training_health import (
     CheckpointInfo,
     HealthFinding,
     TrendJudgement,

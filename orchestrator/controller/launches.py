@@ -1,6 +1,6 @@
 """Launches inside a job with spares, as the controller decides about them (pure).
 
-The job's launcher (orchestrator/launcher) records its launches in jobs/<id>/allocation.json; the
+The job's launcher (orchestrator/slurm/launcher) records its launches in jobs/<id>/allocation.json; the
 controller reads it for the running job and:
 - relays the nodes that failed the health check before launch: an event, a notification, and the
   exclude list (so later jobs avoid them; the cap per incident applies);

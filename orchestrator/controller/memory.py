@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.contract.checkpoints import ManifestsSeen
+
 from .blame import HangSuspicions
-from .checkpoints import ManifestsSeen
 from .liveness import Liveness
 from .metrics_follower import MetricsFollower
 from .probing import NodeProber

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from orchestrator.contract import StepMetrics
 from orchestrator.contract.metrics import read_metrics_from
-from orchestrator.training_health import lineage
+from orchestrator.contract.training_health import lineage
 
 MAX_READ_BYTES = 4 << 20
 PRIME_BYTES_PER_STEP = 512  # a metrics line is ~300 bytes (more with many DP replicas' losses)

@@ -22,10 +22,10 @@ from orchestrator.contract import failure_events as fev
 from orchestrator.contract.allocation import Allocation, read_decision
 from orchestrator.contract.job_end import LaunchEnd
 from orchestrator.contract.ledger import read_last_seen
+from orchestrator.contract.operators import check_trust
 from orchestrator.contract.rank_output import RankError, read_rank_error
 from orchestrator.contract.state import ControllerState, JobRecord
 from orchestrator.errors import SchedulerError
-from orchestrator.operators import check_trust
 from orchestrator.slurm.base import JobInfo, NodeInfo, Scheduler
 
 from . import jobs

@@ -187,7 +187,7 @@ def _spares_changed(usable: int, nodes: int, spares: int, spares_next: int) -> l
 
 
 def _spares_sentence(usable: int, nodes: int, spares: int, spares_next: int) -> str:
-    from orchestrator.event_text import sentence  # noqa: PLC0415 - the words live with the events
+    from orchestrator.views.event_text import sentence  # noqa: PLC0415 - the words live with the events
 
     return sentence(pev.SparesForNextJob(usable=usable, nodes=nodes, spares=spares, spares_next=spares_next))
 

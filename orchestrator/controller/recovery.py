@@ -24,10 +24,10 @@ from typing import Any
 from orchestrator.contract import Allocation, LauncherState
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
+from orchestrator.contract.checkpoints import CheckpointInfo
 from orchestrator.contract.state import ControllerState, RunStatus
 
 from .actions import Action, Cancel, Exclude, Record, Relaunch, Restart, Stop
-from .checkpoints import CheckpointInfo
 from .detection import culprit_nodes
 
 

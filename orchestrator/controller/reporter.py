@@ -10,7 +10,7 @@ from typing import Any
 from orchestrator.contract import RunPaths
 from orchestrator.contract import events as ev
 from orchestrator.contract.events import write_event
-from orchestrator.notify import destinations, notify
+from orchestrator.controller.notify import destinations, notify
 
 log = logging.getLogger("runctl.controller")
 

@@ -19,7 +19,7 @@ control/rollback:
   MAX_REQUEST_BYTES with one link (a hard link to a file of the owner would otherwise pass as the
   owner's request and leak its first bytes into the audit trail). Anything else is quarantined.
 - Who asked is the opened file's st_uid (fstat), never the JSON's "user". That user must be an
-  operator (orchestrator.operators.operator_basis); otherwise the request is refused and the file
+  operator (orchestrator.contract.operators.operator_basis); otherwise the request is refused and the file
   quarantined.
 - The file's content is only the reason, the `now` flag and, for nodes-clear, the nodes, for a
   rollback what it asks (contract.RequestBody). An empty file (`touch control/kill`), non-JSON,
@@ -27,7 +27,7 @@ control/rollback:
   names no node, or something that is not a SLURM node name, is refused and quarantined, and so
   is a rollback that does not say what it asks (contract.directive.RollbackAsk: every field
   checked; the error names the field). Reasons are made one printable line
-  (orchestrator.textsafe) and capped.
+  (orchestrator.contract.textsafe) and capped.
 - Every accepted or refused request is written to audit.jsonl here, once: the controller is the
   only writer of the audit trail.
 - Each file is handled once: the fingerprint (device, inode, size, mtime, ctime, uid) of every
@@ -59,9 +59,9 @@ from orchestrator.contract import (
 from orchestrator.contract import events as ev
 from orchestrator.contract.audit import AuditRecord, write_audit
 from orchestrator.contract.files import atomic_write_json, loads_bounded, read_untrusted, read_untrusted_json
+from orchestrator.contract.operators import User, merge_inbox, operator_basis, quarantine
 from orchestrator.contract.requests import MAX_REQUEST_BYTES, NO_REASON, REQUEST_NAMES
-from orchestrator.operators import User, merge_inbox, operator_basis, quarantine
-from orchestrator.textsafe import cap, for_terminal
+from orchestrator.contract.textsafe import cap, for_terminal
 
 
 @dataclass

@@ -30,12 +30,12 @@ Submitter = Callable[[list[str], str], str]
 def default_submitter(
     paths: RunPaths, cfg: Any, scheduler: Scheduler, spares: Callable[[], int] | None = None
 ) -> Submitter:
-    """The run's own submission (orchestrator.runs.submit_job: the same script as `runctl submit`).
+    """The run's own submission (orchestrator.operate.runs.submit_job: the same script as `runctl submit`).
     `spares`: how many spare nodes the next job asks for (controller/pool.py lowers it while the
     pool lacks them, so that the job does not wait in the queue for spares that are not there)."""
 
     def submit(exclude: list[str], reason: str) -> str:
-        from orchestrator.runs import submit_job  # noqa: PLC0415 - the config models, loaded on first use
+        from orchestrator.operate.runs import submit_job  # noqa: PLC0415 - the config models, loaded on first use
 
         return str(
             submit_job(paths.root, with_spares(cfg, spares), scheduler, exclude=exclude, reason=reason)

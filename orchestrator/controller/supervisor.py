@@ -47,24 +47,30 @@ from orchestrator.contract import (
     new_directive_id,
 )
 from orchestrator.contract import events as ev
+from orchestrator.contract import exclude as exclude_list
+from orchestrator.contract.checkpoints import (
+    CheckpointInfo,
+    list_checkpoints,
+    resume_point,
+    rollback_candidates,
+)
+from orchestrator.contract.controller_lock import ControllerLock
+from orchestrator.contract.disk_space import DiskCheck, check_disk, what_to_delete
 from orchestrator.contract.files import pass_collection
 from orchestrator.contract.manifest import read_damage_reports
+from orchestrator.contract.operators import check_trust, prepare_permissions
 from orchestrator.contract.state import ControllerState, JobRecord, load_state
+from orchestrator.contract.training_health import assess, history_length, policy_for
 from orchestrator.errors import PermissionDeniedError
-from orchestrator.operators import check_trust, prepare_permissions
+from orchestrator.plan.planner import planned_checkpoint_bytes
 from orchestrator.slurm.base import Scheduler
-from orchestrator.training_health import assess, history_length, policy_for
 
 from . import blame, disk_pause, health_policy, jobs, launches, pool, upkeep
-from . import exclude as exclude_list
 from . import requests as intake
 from .actions import Action, NoteMetricsRead, Notify, Record, SetOutcome
 from .applier import Applier
-from .checkpoints import CheckpointInfo, list_checkpoints, resume_point, rollback_candidates
 from .detection import Assessment, stale_hosts
-from .disk import DiskCheck, check_disk, planned_checkpoint_bytes, what_to_delete
 from .kill_resume import on_requests
-from .lock import ControllerLock
 from .memory import NOT_ASKED, Memory
 from .metrics_follower import MetricsFollower
 from .observer import Observer

@@ -9,13 +9,13 @@ from dataclasses import replace
 from orchestrator.contract import JobState, Phase, step_of
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
+from orchestrator.contract.checkpoints import CheckpointInfo
+from orchestrator.contract.disk_space import DiskCheck
 from orchestrator.contract.manifest import DamageReport
 from orchestrator.contract.state import ControllerState, RunStatus
 
 from .actions import Action, FollowRecovery, NoteDamageReportsSeen, Notify, Record, SetDiskLevel, SetStatus
-from .checkpoints import CheckpointInfo
 from .detection import Assessment
-from .disk import DiskCheck
 
 
 def trust_lost(job_ids: list[str], problems: list[str]) -> list[Action]:

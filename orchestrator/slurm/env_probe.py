@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.config import RunConfig
-from orchestrator.config.site_options import step_options
 from orchestrator.contract import JobState
 from orchestrator.contract.files import UntrustedFileError, read_untrusted_tail
 from orchestrator.errors import UsageError
+from orchestrator.plan.config import RunConfig
+from orchestrator.plan.config.site_options import step_options
 
 from .base import SubmitRequest
 from .render import render_template, run_job_name

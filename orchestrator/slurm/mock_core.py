@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config.slurm_time import slurm_time_seconds
 from orchestrator.contract import append_jsonl, atomic_write_json, read_json, read_jsonl
 from orchestrator.errors import SchedulerError
+from orchestrator.plan.config.slurm_time import slurm_time_seconds
 
 from .answers import SlurmAnswerError, read_job_state
 from .hostlist import compress_hostlist

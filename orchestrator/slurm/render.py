@@ -25,12 +25,12 @@ from pathlib import Path
 
 import jinja2
 
-from orchestrator.config import ConfigError, RunConfig
-from orchestrator.config.schema import ENV_NAME, SAFE_WORD, SLURM_NODE_NAME
-from orchestrator.config.site_options import SBATCH_OPTION_VALUE, step_options
 from orchestrator.contract import RunPaths
-from orchestrator.launcher.srun_lines import Layout, health_argv, launch_argv, standby_argv
-from orchestrator.textsafe import for_terminal
+from orchestrator.contract.textsafe import for_terminal
+from orchestrator.plan.config import ConfigError, RunConfig
+from orchestrator.plan.config.schema import ENV_NAME, SAFE_WORD, SLURM_NODE_NAME
+from orchestrator.plan.config.site_options import SBATCH_OPTION_VALUE, step_options
+from orchestrator.slurm.launcher.srun_lines import Layout, health_argv, launch_argv, standby_argv
 
 TEMPLATE_NAME = "train.sbatch.j2"
 # Characters sbatch takes literally on an #SBATCH line: no space, quote, `$`, `;`, backslash.
@@ -223,7 +223,7 @@ def launcher_argv(cfg: RunConfig, run_dir: str, command: Sequence[str]) -> list[
     layout = _layout(cfg)
     decision = int(cfg.watchdog.relaunch_decision_seconds) if cfg.cluster.spare_nodes else 0
     argv = [
-        cfg.cluster.launcher_python or cfg.cluster.python, "-m", "orchestrator.launcher", "--run-dir", run_dir,
+        cfg.cluster.launcher_python or cfg.cluster.python, "-m", "orchestrator.slurm.launcher", "--run-dir", run_dir,
         "--nodes", str(layout.nodes), "--tasks-per-node", str(layout.tasks_per_node),
         "--cpus-per-task", str(layout.cpus_per_task), "--srun-wait", str(layout.srun_wait),
         "--decision-seconds", str(decision),

@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fakes import FakeScheduler, fake_submitter, make_config  # noqa: E402
 
-from orchestrator.config import dump_config  # noqa: E402
 from orchestrator.controller import Controller  # noqa: E402
+from orchestrator.plan.config import dump_config  # noqa: E402
 from orchestrator.slurm.render import run_job_name  # noqa: E402
 
 

@@ -42,9 +42,9 @@ from orchestrator.contract import (  # noqa: E402
     atomic_write_text,
     read_heartbeats,
 )
+from orchestrator.contract.checkpoints import resume_point  # noqa: E402
 from orchestrator.contract.manifest import DamageReport, FileEntry, report_damage, write_manifest  # noqa: E402
 from orchestrator.contract.metrics import append_metrics  # noqa: E402
-from orchestrator.controller.checkpoints import resume_point  # noqa: E402
 
 
 def env_int(name: str, default: int) -> int:

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from orchestrator.config import parse_config
 from orchestrator.contract.state import RunStatus
+from orchestrator.plan.config import parse_config
 from orchestrator.slurm.base import JobInfo, JobState, SubmitRequest
 
 REPO = Path(__file__).resolve().parents[2]

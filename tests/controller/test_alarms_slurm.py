@@ -15,14 +15,14 @@ from test_e2e_slurm import drive, e2e_run, inject_once, job_outputs  # noqa: F40
 
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
-from orchestrator.dashboard import status_data
+from orchestrator.views.dashboard import status_data
 from tests.run_records import event_dicts
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def test_a_node_lost_with_a_spare_left_pages_nobody(e2e_run):  # noqa: F811 - the imported fixture
-    from orchestrator.runs import submit_job
+    from orchestrator.operate.runs import submit_job
 
     pager, chat = WebhookServer(), WebhookServer()
     try:

@@ -16,10 +16,10 @@ import pytest
 from fakes import REPO, supervise
 
 from orchestrator.contract import RunPaths
-from orchestrator.controller.exclude import add_excluded, excluded_nodes
-from orchestrator.dashboard import dashboard_data, status_data
-from orchestrator.report import write_report
-from orchestrator.status_screen import render_status
+from orchestrator.contract.exclude import add_excluded, excluded_nodes
+from orchestrator.views.dashboard import dashboard_data, status_data
+from orchestrator.views.report import write_report
+from orchestrator.views.status_screen import render_status
 
 
 def runctl(*args: str, env: dict, check: bool = True) -> subprocess.CompletedProcess:

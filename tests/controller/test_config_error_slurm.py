@@ -15,7 +15,7 @@ from one_rank_run import one_rank_config, submit_environment, write_config
 
 from orchestrator.cli.main import main
 from orchestrator.contract import RunPaths, read_jsonl
-from orchestrator.controller.exclude import excluded_nodes
+from orchestrator.contract.exclude import excluded_nodes
 
 pytestmark = pytest.mark.slurm
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from fakes import WebhookServer, make_config
 
-from orchestrator.config import dump_config
 from orchestrator.contract import Heartbeat, JobState, RunPaths, atomic_write_text
+from orchestrator.contract.exclude import excluded_nodes
 from orchestrator.contract.state import ControllerState, IllegalTransition, JobRecord, RunStatus, SubmitIntent
 from orchestrator.controller import Controller
-from orchestrator.controller.exclude import excluded_nodes
 from orchestrator.controller.submission import current_user, reconcile_intent
 from orchestrator.errors import SchedulerError
+from orchestrator.plan.config import dump_config
 from orchestrator.slurm.base import JobInfo
 from tests.run_records import event_dicts
 
@@ -219,8 +219,8 @@ def test_dashboard_shows_the_controllers_beat_ages_not_node_clocks(tmp_path):
     """A node whose clock is an hour behind is not shown as an hour late while a controller that
     saw its beats change runs; without a controller the dashboard can only use node clocks."""
     from orchestrator.contract.controller_beat import read_beat, write_beat
-    from orchestrator.controller.lock import ControllerLock
-    from orchestrator.dashboard import dashboard_data
+    from orchestrator.contract.controller_lock import ControllerLock
+    from orchestrator.views.dashboard import dashboard_data
 
     scheduler, clock = ScriptedScheduler(), Clock()
     ctl = controller_in(tmp_path / "run", scheduler, clock)

@@ -28,12 +28,12 @@ from fakes import WebhookServer, supervise
 
 from orchestrator.cli.main import main as runctl
 from orchestrator.contract import JobState, Manifest, RunPaths, read_jsonl
+from orchestrator.contract.disk_space import DiskCheck, what_to_delete
+from orchestrator.contract.exclude import excluded_nodes
 from orchestrator.contract.manifest import FileEntry, write_manifest
 from orchestrator.contract.state import ControllerState, DiskPause, JobRecord, RunStatus
 from orchestrator.controller import disk_pause
 from orchestrator.controller.actions import Cancel, Hold, Notify, Record, Release, Restart, SetStatus, Submit
-from orchestrator.controller.disk import DiskCheck, what_to_delete
-from orchestrator.controller.exclude import excluded_nodes
 from tests.fixtures_disk import fill
 from tests.run_records import event_dicts
 

@@ -24,9 +24,9 @@ from test_e2e_slurm import STEPS, drive, e2e_config, job_outputs
 
 from orchestrator.cli.main import main as runctl
 from orchestrator.contract import RunPaths, read_jsonl
+from orchestrator.contract.exclude import excluded_nodes
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
-from orchestrator.controller.exclude import excluded_nodes
 from tests.fixtures_disk import fill, resize
 from tests.run_records import event_dicts
 
@@ -37,7 +37,7 @@ PAGE = 4096
 def test_disk_that_fills_during_a_save_pauses_then_the_run_finishes_by_itself(
     local_cluster, small_filesystem, capsys
 ):
-    from orchestrator.runs import prepare_run_dir, submit_job
+    from orchestrator.operate.runs import prepare_run_dir, submit_job
     from orchestrator.slurm.real import SlurmScheduler
 
     root = Path(tempfile.mkdtemp(prefix="rc-disk-", dir="/tmp"))

@@ -33,12 +33,12 @@ import pytest
 import yaml
 from fakes import REPO
 
-from orchestrator.config import parse_config
-from orchestrator.config.load import resolve_paths
 from orchestrator.contract import JobState, RunPaths, read_heartbeats, read_jsonl
+from orchestrator.contract.exclude import excluded_nodes
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
-from orchestrator.controller.exclude import excluded_nodes
+from orchestrator.plan.config import parse_config
+from orchestrator.plan.config.load import resolve_paths
 from tests.run_records import event_dicts
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -64,7 +64,7 @@ def e2e_config(
 @pytest.fixture
 def e2e_run(local_cluster):
     """Factory: a run directory (0755 under /tmp, readable by other users) + controller."""
-    from orchestrator.runs import prepare_run_dir
+    from orchestrator.operate.runs import prepare_run_dir
     from orchestrator.slurm.real import SlurmScheduler
 
     made = []
@@ -151,7 +151,7 @@ def inject_once(step: int, rank: int, sig: signal.Signals, when=None):
 @pytest.fixture(scope="module")
 def reference_losses(local_cluster, tmp_path_factory):
     """The same 12 steps, uninterrupted (computed once for the module)."""
-    from orchestrator.runs import prepare_run_dir, submit_job
+    from orchestrator.operate.runs import prepare_run_dir, submit_job
     from orchestrator.slurm.real import SlurmScheduler
 
     cfg = e2e_config()
@@ -198,7 +198,7 @@ def test_sigkilled_rank_relaunched_on_a_spare_inside_the_same_job(e2e_run, refer
     # real run), so launch 1 must start from it.
     cfg, ctl = e2e_run(spare_nodes=1, env_extra={"TRAINER_STEP_DELAY_SECONDS": "3"})
     from orchestrator.contract import read_allocation
-    from orchestrator.runs import submit_job
+    from orchestrator.operate.runs import submit_job
     from orchestrator.slurm.hostlist import expand_hostlist
 
     job_id = submit_job(ctl.paths.root, cfg, ctl.scheduler, reason="initial")
@@ -243,7 +243,7 @@ def test_sigkilled_rank_relaunched_on_a_spare_inside_the_same_job(e2e_run, refer
 
 def test_sigstopped_rank_detected_stacks_dumped_node_excluded(e2e_run, reference_losses):
     cfg, ctl = e2e_run()
-    from orchestrator.runs import submit_job
+    from orchestrator.operate.runs import submit_job
 
     submit_job(ctl.paths.root, cfg, ctl.scheduler, reason="initial")
     ctl.start()
@@ -296,7 +296,7 @@ def test_kill_by_another_operator_then_resume(e2e_run, reference_losses):
         pytest.skip("needs useradd")
     from test_operators import run_as
 
-    from orchestrator.runs import submit_job
+    from orchestrator.operate.runs import submit_job
 
     tag = os.urandom(3).hex()
     group, oncall = f"ops{tag}", f"oncall{tag}"
@@ -346,7 +346,7 @@ def test_slurmctld_stopped_75s_mid_run_is_an_outage_not_an_end(e2e_run, local_cl
     no resubmission, and the run finishes in its first job."""
     import threading
 
-    from orchestrator.runs import submit_job
+    from orchestrator.operate.runs import submit_job
 
     cfg, ctl = e2e_run(env_extra={"TRAINER_MAX_STEPS": "6", "TRAINER_STEP_DELAY_SECONDS": "12"})
     ctl.scheduler.timeout = 45.0  # longer than squeue's own 30 s wait: its answer is the one read

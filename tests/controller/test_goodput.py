@@ -1,4 +1,4 @@
-"""Goodput accounting (orchestrator/goodput.py) through `runctl report --json`, against a
+"""Goodput accounting (orchestrator/views/goodput.py) through `runctl report --json`, against a
 timeline built by hand: every expected second below was counted on paper from the timeline, not
 computed by the code under test.
 
@@ -30,7 +30,7 @@ import pytest
 from fakes import REPO
 
 from orchestrator.cli.main import main
-from orchestrator.goodput import run_breakdown
+from orchestrator.views.goodput import run_breakdown
 
 BASE = 1_800_000_000.0
 WHOLE = {
@@ -107,8 +107,8 @@ def test_report_prints_the_breakdown_for_people(hand_built_run, capsys, tmp_path
     assert "detection wait" in text and "recomputed steps" in text and "time breakdown:" in text
     from rich.console import Console
 
-    from orchestrator.dashboard import status_data
-    from orchestrator.status_screen import render_status
+    from orchestrator.views.dashboard import status_data
+    from orchestrator.views.status_screen import render_status
 
     console = Console(record=True, width=160)
     console.print(render_status(status_data(hand_built_run)))

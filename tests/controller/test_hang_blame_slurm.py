@@ -24,11 +24,11 @@ import yaml
 from fakes import REPO
 from test_e2e_slurm import drive, job_outputs
 
-from orchestrator.config import parse_config
-from orchestrator.config.load import resolve_paths
+from orchestrator.contract.exclude import excluded_nodes
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
-from orchestrator.controller.exclude import excluded_nodes
+from orchestrator.plan.config import parse_config
+from orchestrator.plan.config.load import resolve_paths
 from tests.run_records import event_dicts
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -40,7 +40,7 @@ HUNG_NODE, HUNG_STEP, STEPS = "node02", 6, 8
 def five_nodes(local_cluster, tmp_path_factory):
     """A 5-node cluster of 1 GPU each beside the session's (the demo's shape: one node more than
     the job). `local_cluster` first: it installs SLURM or skips with the reason."""
-    from orchestrator.cluster import ClusterSpec, LocalCluster
+    from orchestrator.slurm.local_cluster import ClusterSpec, LocalCluster
     from tests.fixtures_slurm import _free_port_base
 
     directory = Path(tmp_path_factory.mktemp("five", numbered=True))
@@ -74,7 +74,7 @@ def demo_config(spare_nodes: int = 0):
 
 
 def test_a_rank_hung_mid_step_excludes_exactly_its_node_and_the_run_finishes(five_nodes):
-    from orchestrator.runs import prepare_run_dir, submit_job
+    from orchestrator.operate.runs import prepare_run_dir, submit_job
     from orchestrator.slurm.real import SlurmScheduler
 
     cfg = demo_config()
@@ -119,7 +119,7 @@ def test_a_frozen_node_is_asked_found_stopped_dead_at_dead_after_and_training_go
     import signal
 
     from orchestrator.contract import read_heartbeats
-    from orchestrator.runs import prepare_run_dir, submit_job
+    from orchestrator.operate.runs import prepare_run_dir, submit_job
     from orchestrator.slurm.real import SlurmScheduler
 
     cfg = demo_config(spare_nodes=1)

@@ -32,11 +32,11 @@ import yaml
 from fakes import REPO
 from test_e2e_slurm import drive, job_outputs
 
-from orchestrator.config import parse_config
-from orchestrator.config.load import resolve_paths
 from orchestrator.contract import Heartbeat, RunPaths, read_heartbeats, read_jsonl
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
+from orchestrator.plan.config import parse_config
+from orchestrator.plan.config.load import resolve_paths
 from tests.run_records import event_dicts
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -72,7 +72,7 @@ class Run:
     """One run directory, its controller on the real cluster, and what the test saw of it."""
 
     def __init__(self, local_cluster, cfg, env: dict[str, str]):
-        from orchestrator.runs import prepare_run_dir, submit_job
+        from orchestrator.operate.runs import prepare_run_dir, submit_job
         from orchestrator.slurm.real import SlurmScheduler
 
         self.root = Path(tempfile.mkdtemp(prefix="rc-hang-", dir="/tmp"))

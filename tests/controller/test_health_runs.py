@@ -48,7 +48,7 @@ class TrainerScheduler(FakeScheduler):
 
 @pytest.fixture(scope="module")
 def notify_run(tmp_path_factory):
-    from orchestrator.runs import prepare_run_dir
+    from orchestrator.operate.runs import prepare_run_dir
 
     webhook = WebhookServer()
     cfg = health_config(webhook.url)  # every policy the default: notify

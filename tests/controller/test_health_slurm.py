@@ -33,11 +33,11 @@ from fakes import REPO, WebhookServer
 from rollback_runs import drive, final_order, job_outputs, of_kind, sample_lines
 
 from orchestrator.cli.main import main
-from orchestrator.config import parse_config
-from orchestrator.config.load import resolve_paths
 from orchestrator.contract import RunPaths, read_jsonl
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
+from orchestrator.plan.config import parse_config
+from orchestrator.plan.config.load import resolve_paths
 from tests.run_records import event_dicts
 from tests.trainer.runs import ensure_corpus, tiny_config_dict
 
@@ -75,7 +75,7 @@ class Scenario:
 
 @pytest.fixture(scope="module")
 def scenario(local_cluster):
-    from orchestrator.runs import prepare_run_dir, submit_job
+    from orchestrator.operate.runs import prepare_run_dir, submit_job
     from orchestrator.slurm.real import SlurmScheduler
 
     webhook = WebhookServer()

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from orchestrator.cli.main import main
 from orchestrator.contract import append_jsonl
 from orchestrator.contract.state import ControllerState, PoolStatus, RunStatus, save_state
-from orchestrator.runs import prepare_run_dir
+from orchestrator.operate.runs import prepare_run_dir
 from orchestrator.slurm.render import run_job_name
 
 

@@ -9,7 +9,8 @@ import socket
 
 from fakes import SMTPServer, WebhookServer, make_config
 
-from orchestrator.notify import notify, unknown_urls
+from orchestrator.controller.notify import notify
+from orchestrator.plan.config.notify_urls import unknown_urls
 
 
 def test_webhook_email_and_apprise_urls_delivered():
@@ -99,7 +100,8 @@ def test_a_reason_that_quotes_the_url_is_scrubbed():
     """What apprise says about a failure is scrubbed of every part of the URL that may be a
     secret, whatever service: the path and query (Slack-style hooks), the user and password, and
     the host of services whose host is a token (slack://TOKEN/..., pagerduty://KEY@APIKEY)."""
-    from orchestrator.notify import _scrub, redact_url
+    from orchestrator.controller.notify import _scrub
+    from orchestrator.plan.config.notify_urls import redact_url
 
     cases = {
         "jsons://hookuser:PASSWORD@hooks.example.org/services/T0SECRET/B0TOKEN?key=QSECRET":

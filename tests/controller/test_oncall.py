@@ -87,7 +87,7 @@ def test_doctor_pages_when_the_controller_stops_beating(run_env, webhook, monkey
     assert len(received) == 2
     # A disk that cannot hold the next checkpoint is the third problem.
     free = type("Usage", (), {"free": 0})()  # nothing fits, whether the size comes from a save or the planner
-    monkeypatch.setattr("orchestrator.controller.disk.shutil.disk_usage", lambda _path: free)
+    monkeypatch.setattr("orchestrator.contract.disk_space.shutil.disk_usage", lambda _path: free)
     code, full = _doctor(capsys, ctl.paths.root, state_dir, "--stale-after", "1.0", "--grace", "0")
     print(full)
     assert code == 1 and not full["findings"][2]["ok"] and "disk critical" in full["findings"][2]["message"]
@@ -146,8 +146,8 @@ def test_metrics_are_scraped_over_http_and_parse(run_env, tmp_path):
     assert supervise(ctl) == RunStatus.FINISHED
     # What the controller keeps after it scored stragglers and excluded a node (written by its own
     # code: the scorer's summary into state.json, the exclude list), for the dashboard's panels.
+    from orchestrator.contract.exclude import add_excluded
     from orchestrator.contract.state import PoolStatus, save_state
-    from orchestrator.controller.exclude import add_excluded
     from orchestrator.controller.stragglers import RankSample, StragglerScorer
 
     scorer = StragglerScorer(threshold=1.2, duration_seconds=60.0)

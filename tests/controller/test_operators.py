@@ -24,12 +24,18 @@ from fakes import make_config
 
 import orchestrator.cli.kill_cmd  # noqa: F401 - imported before fork (see module docstring)
 import orchestrator.cli.watch_cmd  # noqa: F401
-import orchestrator.runs  # noqa: F401
+import orchestrator.operate.runs  # noqa: F401
 from orchestrator.cli.main import build_parser, main
-from orchestrator.config import dump_config
 from orchestrator.contract import RunPaths
+from orchestrator.contract.operators import (
+    User,
+    operator_basis,
+    prepare_permissions,
+    read_audit,
+    world_writable,
+)
 from orchestrator.controller.requests import read_requests
-from orchestrator.operators import User, operator_basis, prepare_permissions, read_audit, world_writable
+from orchestrator.plan.config import dump_config
 
 build_parser()  # imports every command module now, as root
 

@@ -17,7 +17,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
 from fakes import make_config  # noqa: E402
 from test_slurm_backend_parsing import fake_tools  # noqa: E402
 
-from orchestrator.config.schema import ExclusionsConfig  # noqa: E402
 from orchestrator.contract import Exclusion, JobState  # noqa: E402
 from orchestrator.contract.severity import Severity, severity_of  # noqa: E402
 from orchestrator.contract.state import ControllerState, JobRecord  # noqa: E402
@@ -27,6 +26,7 @@ from orchestrator.controller.recovery import Failure  # noqa: E402
 from orchestrator.controller.stalls import StallWatch  # noqa: E402
 from orchestrator.controller.submission import with_spares  # noqa: E402
 from orchestrator.errors import SchedulerError  # noqa: E402
+from orchestrator.plan.config.schema import ExclusionsConfig  # noqa: E402
 from orchestrator.slurm.base import JobInfo, NodeInfo  # noqa: E402
 from orchestrator.slurm.node_query import nodes_from_json, nodes_from_text  # noqa: E402
 from orchestrator.slurm.real import SlurmScheduler  # noqa: E402
@@ -193,7 +193,7 @@ def test_the_controllers_next_submission_asks_for_the_spares_the_pool_has(mock_s
     from orchestrator.contract import RunPaths
     from orchestrator.contract.state import PoolStatus
     from orchestrator.controller import Controller
-    from orchestrator.runs import prepare_run_dir
+    from orchestrator.operate.runs import prepare_run_dir
     from orchestrator.slurm.mock import MockScheduler
 
     cfg = make_config(cluster={"nodes": 4, "spare_nodes": 1})

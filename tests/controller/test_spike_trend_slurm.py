@@ -26,11 +26,11 @@ import yaml
 from fakes import REPO
 from rollback_runs import drive, final_order, job_outputs, of_kind
 
-from orchestrator.config import parse_config
-from orchestrator.config.load import resolve_paths
 from orchestrator.contract import RunPaths, read_jsonl
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
+from orchestrator.plan.config import parse_config
+from orchestrator.plan.config.load import resolve_paths
 from tests.poisoned_corpus import poison_corpus
 from tests.trainer.runs import CORPUS_PREFIX, ensure_corpus, tiny_config_dict
 
@@ -62,7 +62,7 @@ def demo_config(corpus: Path, policy: str):
 
 
 def run_to_the_end(cfg, run: Path, env: dict) -> RunPaths:
-    from orchestrator.runs import prepare_run_dir, submit_job
+    from orchestrator.operate.runs import prepare_run_dir, submit_job
     from orchestrator.slurm.real import SlurmScheduler
 
     prepare_run_dir(cfg, run)

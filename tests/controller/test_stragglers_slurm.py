@@ -24,12 +24,12 @@ import yaml
 from fakes import REPO, WebhookServer
 
 from orchestrator.cli.main import main
-from orchestrator.config import parse_config
-from orchestrator.config.load import resolve_paths
 from orchestrator.contract import read_heartbeats
+from orchestrator.contract.exclude import read_excluded
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
-from orchestrator.controller.exclude import read_excluded
+from orchestrator.plan.config import parse_config
+from orchestrator.plan.config.load import resolve_paths
 from tests.run_records import event_dicts
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -51,7 +51,7 @@ def straggler_config(webhook_url: str):
 
 
 def test_slow_rank_flagged_with_event_notification_and_status(local_cluster, monkeypatch, capsys):
-    from orchestrator.runs import prepare_run_dir, submit_job
+    from orchestrator.operate.runs import prepare_run_dir, submit_job
     from orchestrator.slurm.real import SlurmScheduler
 
     hook = WebhookServer()

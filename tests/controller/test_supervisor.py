@@ -13,8 +13,8 @@ from fake_trainer import loss_at
 from fakes import WebhookServer, supervise
 
 from orchestrator.contract import RunPaths, atomic_write_json, read_jsonl
+from orchestrator.contract.exclude import excluded_nodes
 from orchestrator.contract.state import RunStatus
-from orchestrator.controller.exclude import excluded_nodes
 from tests.run_records import event_dicts
 
 
@@ -238,9 +238,9 @@ def test_sigkilled_controller_process_leaves_no_stale_lock(tmp_path):
     import subprocess
     import sys
 
-    from orchestrator.controller.lock import ControllerLock, lock_holder
+    from orchestrator.contract.controller_lock import ControllerLock, lock_holder
 
-    code = f"from orchestrator.controller.lock import ControllerLock; ControllerLock({str(tmp_path)!r}).acquire(); import time; time.sleep(60)"
+    code = f"from orchestrator.contract.controller_lock import ControllerLock; ControllerLock({str(tmp_path)!r}).acquire(); import time; time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=str(RunPaths.of('.').root))
     for _ in range(100):
         if lock_holder(tmp_path):

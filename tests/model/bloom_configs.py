@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.config import parse_config
+from orchestrator.plan.config import parse_config
 
 
 def tiny_config(*, tp: int = 1, pp: int = 1, dp: int = 1, seed: int = 1234, dtype: str = "fp32", **model):

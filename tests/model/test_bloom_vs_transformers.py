@@ -133,7 +133,7 @@ def test_conversion_refuses_what_transformers_cannot_hold():
 
 
 def test_converter_command_line_round_trip(tmp_path):
-    from orchestrator.config import dump_config
+    from orchestrator.plan.config import dump_config
     from trainer.convert_hf import _main
 
     cfg = tiny_config()

@@ -76,8 +76,8 @@ def plain_pytorch_losses(run_dir, steps: int) -> dict[str, list[float]]:
     import torch.nn.functional as F
 
     import bloom_kernels
-    from orchestrator.config import load_config
     from orchestrator.contract import RunPaths
+    from orchestrator.plan.config import load_config
     from trainer.loop import build_datasets
     from trainer.model import BloomModel
     from trainer.parallel import ParallelLayout, initialize_model_parallel

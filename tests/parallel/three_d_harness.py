@@ -46,7 +46,7 @@ def tiny_run_config(tp: int = 1, pp: int = 1, dp: int = 1, dtype: str = "fp32", 
                     global_batch: int = GLOBAL_BATCH, micro_batch: int = MICRO_BATCH, seed: int = 1234,
                     clip_grad: float = 1.0, hidden_size: int = 48):
     """The RunConfig of the tiny BLOOM every layout trains (4 layers: pp=2 puts 2 on each stage)."""
-    from orchestrator.config import parse_config
+    from orchestrator.plan.config import parse_config
 
     world = tp * pp * dp
     data = {

@@ -48,13 +48,13 @@ import orchestrator.cli.kill_cmd  # noqa: E402,F401 - imported before any fork
 import orchestrator.cli.submit_cmd  # noqa: E402,F401
 import orchestrator.cli.watch_cmd  # noqa: E402,F401
 import orchestrator.controller.requests  # noqa: E402,F401
-import orchestrator.dashboard  # noqa: E402,F401
-import orchestrator.runs  # noqa: E402,F401
+import orchestrator.operate.runs  # noqa: E402,F401
+import orchestrator.views.dashboard  # noqa: E402,F401
 from orchestrator.cli.main import build_parser, main  # noqa: E402
-from orchestrator.config import dump_config  # noqa: E402
 from orchestrator.contract import RunPaths  # noqa: E402
-from orchestrator.operators import prepare_permissions  # noqa: E402
-from orchestrator.runs import prepare_run_dir  # noqa: E402
+from orchestrator.contract.operators import prepare_permissions  # noqa: E402
+from orchestrator.operate.runs import prepare_run_dir  # noqa: E402
+from orchestrator.plan.config import dump_config  # noqa: E402
 
 build_parser()  # imports every command module now, as root
 
@@ -218,6 +218,6 @@ def shared_run(team):
 
 
 def operators_of(paths: RunPaths):
-    from orchestrator.runs import load_run_config  # noqa: PLC0415
+    from orchestrator.operate.runs import load_run_config  # noqa: PLC0415
 
     return load_run_config(paths.root).operators

@@ -25,20 +25,20 @@ import apprise.apprise
 import pytest
 from attack_env import Child, as_user, start_as
 
-import orchestrator.controller.disk  # noqa: F401 - everything a pass imports, before any fork
-import orchestrator.notify
-import orchestrator.planner  # noqa: F401
+import orchestrator.contract.disk_space  # noqa: F401 - everything a pass imports, before any fork
+import orchestrator.controller.notify  # noqa: F401
+import orchestrator.plan.config.notify_urls
+import orchestrator.plan.planner  # noqa: F401
 import orchestrator.slurm.render  # noqa: F401
 from orchestrator.cli.watch_cmd import make_controller
-from orchestrator.contract import RunPaths, read_jsonl
-from orchestrator.controller import exclude
-from orchestrator.runs import load_run_config, submit_job
+from orchestrator.contract import RunPaths, exclude, read_jsonl
+from orchestrator.operate.runs import load_run_config, submit_job
 from orchestrator.slurm.mock import MockScheduler
 
 RUNNING = [{"state": "RUNNING", "polls": 100_000}]
 # apprise finds its plugins when first used: load them now, as root (the children cannot read the
 # interpreter's standard library, attack_env.py).
-assert orchestrator.notify._known("json://127.0.0.1/hook")
+assert orchestrator.plan.config.notify_urls.apprise_knows("json://127.0.0.1/hook")
 
 
 def mock_env(paths: RunPaths) -> dict[str, str]:
@@ -46,7 +46,7 @@ def mock_env(paths: RunPaths) -> dict[str, str]:
 
 
 def submit_as_owner(team, paths: RunPaths, scenario: list[dict[str, Any]] = RUNNING, folder: bool = True) -> str:
-    """One job of the run through orchestrator.runs.submit_job (what `runctl submit` and the
+    """One job of the run through orchestrator.operate.runs.submit_job (what `runctl submit` and the
     controller's submitter call), as the owner under umask 002; returns its id. folder=False: as an
     older runctl left it, whose job folder appears only when the job starts."""
 

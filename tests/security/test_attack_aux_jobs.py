@@ -28,8 +28,8 @@ import submitit.core._submit  # noqa: F401 - imported before any fork
 import submitit.core.submission  # noqa: F401
 from attack_env import as_user, start_as, uid
 
-import orchestrator.aux_files  # noqa: F401
-import orchestrator.auxjobs  # noqa: F401
+import orchestrator.operate.aux_files  # noqa: F401
+import orchestrator.operate.auxjobs  # noqa: F401
 import orchestrator.slurm.real  # noqa: F401
 import trainer.aux_tasks  # noqa: F401
 from orchestrator.contract import read_jsonl
@@ -189,7 +189,7 @@ def test_the_job_checks_its_folder_before_unpickling(team, shared_run, fake_slur
 
         def submit(job_id=job_id):
             kwargs = {"run_dir": str(paths.root), "step": 9}
-            return orchestrator.auxjobs.submit_aux(paths.root, "eval", kwargs).job_id
+            return orchestrator.operate.auxjobs.submit_aux(paths.root, "eval", kwargs).job_id
 
         submitted, out = as_user(team.owner, submit, umask=0o002, env=slurm_env(fake_slurm, job_id))
         assert submitted == job_id, out
@@ -239,12 +239,12 @@ def test_the_result_is_read_bounded_never_following_links_nor_blocking(team, sha
 
         def submit_and_read(plant=plant):
             kwargs = {"run_dir": str(paths.root), "step": 9}
-            aux = orchestrator.auxjobs.submit_aux(paths.root, "eval", kwargs)
-            plant(orchestrator.aux_files.result_json(aux.job.paths))
+            aux = orchestrator.operate.auxjobs.submit_aux(paths.root, "eval", kwargs)
+            plant(orchestrator.operate.aux_files.result_json(aux.job.paths))
             try:
-                return orchestrator.aux_files.read_result(aux.job.paths)
-            except orchestrator.aux_files.AuxResultError as exc:
+                return orchestrator.operate.aux_files.read_result(aux.job.paths)
+            except orchestrator.operate.aux_files.AuxResultError as exc:
                 return exc
 
         refused, out = as_user(team.owner, submit_and_read, timeout=10, env=slurm_env(fake_slurm, job_id))
-        assert isinstance(refused, orchestrator.aux_files.AuxResultError), (kind, refused, out)
+        assert isinstance(refused, orchestrator.operate.aux_files.AuxResultError), (kind, refused, out)

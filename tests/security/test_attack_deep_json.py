@@ -18,7 +18,7 @@ from owner_controller import mock_env, submit_as_owner
 
 from orchestrator.contract import RunPaths, atomic_write_json
 from orchestrator.contract.requests import read_accepted
-from orchestrator.doctor import FAILING_PASSES_PROBLEM
+from orchestrator.views.doctor import FAILING_PASSES_PROBLEM
 
 
 def doctor_as_owner(team, paths: RunPaths) -> tuple[int, dict]:

@@ -22,8 +22,8 @@ from attack_env import as_user, runctl_as, start_as, uid
 from owner_controller import submit_as_owner, touch, wait_for
 
 from orchestrator.contract import Allocation, LaunchEnd, LauncherState, RunPaths, write_allocation
-from orchestrator.controller.exclude import add_excluded, excluded_nodes
-from orchestrator.operators import read_audit
+from orchestrator.contract.exclude import add_excluded, excluded_nodes
+from orchestrator.contract.operators import read_audit
 
 
 def exclude_as_controller(team, paths: RunPaths, nodes: list[str]) -> None:

@@ -22,14 +22,13 @@ from fakes import make_config
 from rich.console import Console
 
 from orchestrator.cli.main import main
-from orchestrator.cluster.local import ClusterError, LocalCluster
-from orchestrator.config import ConfigError, dump_config, load_config
-from orchestrator.contract import RunPaths, append_jsonl, atomic_write_json, verify_manifest
-from orchestrator.controller import exclude
-from orchestrator.dashboard import status_data
-from orchestrator.notify import notify
+from orchestrator.contract import RunPaths, append_jsonl, atomic_write_json, exclude, verify_manifest
+from orchestrator.controller.notify import notify
+from orchestrator.plan.config import ConfigError, dump_config, load_config
+from orchestrator.slurm.local_cluster import ClusterError, LocalCluster
 from orchestrator.slurm.render import render_sbatch
-from orchestrator.status_screen import job_table, render_status
+from orchestrator.views.dashboard import status_data
+from orchestrator.views.status_screen import job_table, render_status
 
 REPO = Path(__file__).resolve().parents[2]
 ANSI = "\x1b[2J\x1b[H\x1b]0;pwned\x07\x9b31m"

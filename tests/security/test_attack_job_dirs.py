@@ -27,7 +27,6 @@ from attack_env import as_user, start_as, uid
 from fakes import WebhookServer, make_config
 from owner_controller import mock_env, submit_as_owner, wait_for
 
-from orchestrator.config import dump_config
 from orchestrator.contract import (
     Allocation,
     Decision,
@@ -38,9 +37,10 @@ from orchestrator.contract import (
     read_decision,
     write_allocation,
 )
-from orchestrator.launcher.launcher import JobPlan, Launcher
-from orchestrator.launcher.srun_lines import Layout
-from orchestrator.launcher.steps import Step
+from orchestrator.plan.config import dump_config
+from orchestrator.slurm.launcher.launcher import JobPlan, Launcher
+from orchestrator.slurm.launcher.srun_lines import Layout
+from orchestrator.slurm.launcher.steps import Step
 
 FORGED_REPORT = "srun: error: node02: task 1: Killed\n"
 

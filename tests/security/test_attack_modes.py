@@ -14,7 +14,7 @@ from attack_env import as_user, operators_of, uid
 from fakes import make_config
 
 from orchestrator.contract import RunPaths
-from orchestrator.operators import check_trust, prepare_permissions
+from orchestrator.contract.operators import check_trust, prepare_permissions
 
 
 def mode_of(path) -> int:

@@ -18,9 +18,9 @@ import prometheus_client.exposition  # noqa: F401 - imported before any fork
 from attack_env import as_user, runctl_as, start_as, uid
 from fakes import make_config
 
-import orchestrator.prom  # noqa: F401
-from orchestrator.config import dump_config
+import orchestrator.views.prom  # noqa: F401
 from orchestrator.contract import RunPaths, read_jsonl
+from orchestrator.plan.config import dump_config
 
 
 def mock_slurm(base: Path) -> dict[str, str]:

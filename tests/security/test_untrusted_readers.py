@@ -38,7 +38,6 @@ from fakes import make_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.aux_files import AuxResultError, read_result, result_json
 from orchestrator.contract import (
     Allocation,
     ContractError,
@@ -61,14 +60,15 @@ from orchestrator.contract import (
 )
 from orchestrator.contract.allocation import StandbyGo, read_standby_go
 from orchestrator.contract.directive import DirectiveError, Rollback, read_rollback
+from orchestrator.contract.exclude import read_excluded
 from orchestrator.contract.manifest import FileEntry
+from orchestrator.contract.operators import merge_inbox
 from orchestrator.contract.requests import read_accepted
-from orchestrator.controller.exclude import read_excluded
 from orchestrator.controller.requests import read_requests
 from orchestrator.controller.stacks import collect_stacks
-from orchestrator.launcher.launcher import JobPlan, Launcher
-from orchestrator.launcher.srun_lines import Layout
-from orchestrator.operators import merge_inbox
+from orchestrator.operate.aux_files import AuxResultError, read_result, result_json
+from orchestrator.slurm.launcher.launcher import JobPlan, Launcher
+from orchestrator.slurm.launcher.srun_lines import Layout
 
 READ_SECONDS = 5.0  # a read that takes longer is blocked (a FIFO opened without O_NONBLOCK)
 OPERATORS = make_config().operators

@@ -5,7 +5,7 @@ saves done x save time), and honest slowness is never taken for a hang."""
 
 from __future__ import annotations
 
-from orchestrator.planner import plan_run
+from orchestrator.plan.planner import plan_run
 from simulation import bloom_config
 from simulation.soak import run_soak
 

@@ -28,10 +28,10 @@ import pytest
 import yaml
 
 from orchestrator.cli.main import main
-from orchestrator.config import parse_config
-from orchestrator.config.load import resolve_paths
 from orchestrator.contract import RunPaths, read_jsonl
 from orchestrator.errors import EXIT_FAILURE
+from orchestrator.plan.config import parse_config
+from orchestrator.plan.config.load import resolve_paths
 
 AUX_PARTITION = "auxtest"  # made by the fixture beside the cluster's default partition "debug"
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def aux_partition(slurm_on_path):
 def test_preprocess_runs_as_a_slurm_job_on_the_runs_partition_and_account(aux_partition, tmp_path, capsys):
     from tokenizers import Tokenizer
 
-    from orchestrator.runs import prepare_run_dir
+    from orchestrator.operate.runs import prepare_run_dir
     from trainer.data.indexed_dataset import MMapIndexedDataset
 
     data = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
@@ -135,10 +135,10 @@ def test_a_job_that_dies_without_a_result_is_reported_failed(slurm_on_path, tmp_
     """No accounting on the local cluster (as on many sites' login nodes without sacct rights):
     submitit's own watcher would wait forever for a job that never wrote its result. The end
     comes from squeue: an interpreter that does not exist on the node fails the job at once."""
-    import orchestrator.auxjobs
-    from orchestrator.runs import prepare_run_dir
+    import orchestrator.operate.auxjobs
+    from orchestrator.operate.runs import prepare_run_dir
 
-    monkeypatch.setattr(orchestrator.auxjobs, "RESULT_GRACE_SECONDS", 2.0)
+    monkeypatch.setattr(orchestrator.operate.auxjobs, "RESULT_GRACE_SECONDS", 2.0)
     data = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
     data["cluster"].update(python="/nonexistent/bin/python3", cpus_per_task=1)
     data["notifications"] = {"webhook": None, "email": None}
@@ -216,7 +216,7 @@ def test_only_the_runs_owner_may_run_aux_jobs(tmp_path, capsys, monkeypatch):
     """Another user (an operator of the run, say) is refused before anything is submitted or
     written: the job would run as them and write into the owner's run directory and events."""
     from orchestrator.errors import EXIT_PERMISSION
-    from orchestrator.runs import prepare_run_dir
+    from orchestrator.operate.runs import prepare_run_dir
 
     data = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
     data["notifications"] = {"webhook": None, "email": None}

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from orchestrator.cluster import ClusterError, ClusterSpec, LocalCluster
 from orchestrator.errors import UsageError
 from orchestrator.slurm import get_scheduler, scheduler_name
+from orchestrator.slurm.local_cluster import ClusterError, ClusterSpec, LocalCluster
 from orchestrator.slurm.mock import MockScheduler
 
 

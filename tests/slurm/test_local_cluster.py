@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.cli.main import main
 from orchestrator.contract import RunPaths
-from orchestrator.runs import cancel_run, job_table, submit_run
+from orchestrator.operate.runs import cancel_run, job_table, submit_run
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
@@ -74,7 +74,7 @@ def test_cluster_status_env_and_idempotent_up(local_cluster, capsys):
     assert time.time() - started < 10, "up on a running cluster must return at once"
     assert status["up"] and status["slurm_conf"] == str(local_cluster.slurm_conf)
     assert sorted(status["nodes"]) == ["node01", "node02", "node03", "node04"]
-    from orchestrator.cluster import ClusterError, ClusterSpec
+    from orchestrator.slurm.local_cluster import ClusterError, ClusterSpec
 
     with pytest.raises(ClusterError, match="already up"):
         local_cluster.up(ClusterSpec(nodes=5))
@@ -251,8 +251,8 @@ def test_logs_reads_one_ranks_lines_of_srun_label_output(local_cluster, slurm_sc
     labels are right-aligned to two characters (` 3: ...`, `11: ...`)."""
     import yaml
 
-    from orchestrator.config import parse_config
-    from orchestrator.runs import prepare_run_dir
+    from orchestrator.operate.runs import prepare_run_dir
+    from orchestrator.plan.config import parse_config
     from orchestrator.slurm.base import SubmitRequest
 
     run_dir = tmp_path / "run"

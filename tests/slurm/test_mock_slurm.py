@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import load_config
 from orchestrator.errors import SchedulerError
+from orchestrator.plan.config import load_config
 from orchestrator.slurm.base import JobState, SubmitRequest
 from orchestrator.slurm.mock import MockScheduler, write_shims
 from orchestrator.slurm.real import SlurmScheduler

@@ -1,6 +1,6 @@
 """Configs that cannot run, refused by the real CLI (`runctl plan` and `runctl submit`, dry run
-included) with the exit code and the fix: the time budget (orchestrator/time_budget.py), the
-plan's override flags, and the submit host's pre-flight (orchestrator/preflight.py). A refused
+included) with the exit code and the fix: the time budget (orchestrator/plan/time_budget.py), the
+plan's override flags, and the submit host's pre-flight (orchestrator/plan/preflight.py). A refused
 submission leaves nothing on disk.
 
 The expected numbers are worked out by hand from the configs (e.g. BLOOM's init timeout 3600 s +

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import load_config, parse_config
+from orchestrator.plan.config import load_config, parse_config
 from orchestrator.slurm.render import render_sbatch, srun_preview, trainer_argv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,10 +58,10 @@ def test_bloom_script_has_what_an_operator_expects():
     assert re.fullmatch(r"tr11-176B-ml-[0-9a-f]{6}", sbatch["job-name"])
     assert sbatch["output"] == f"{GOLDEN_RUN_DIR}/jobs/slurm-%j.out"
     assert "export CUDA_LAUNCH_BLOCKING=1" in text
-    # The launcher runs the trainer as srun steps of 48 nodes x 8 (orchestrator/launcher, which
+    # The launcher runs the trainer as srun steps of 48 nodes x 8 (orchestrator/slurm/launcher, which
     # tests/trainer/test_in_allocation_launcher.py checks), after a health check of all 52, and
     # waits for the controller's decision after a failed launch (a job with spares).
-    launcher = text[text.index("\nexec python3 -m orchestrator.launcher ") :]
+    launcher = text[text.index("\nexec python3 -m orchestrator.slurm.launcher ") :]
     assert "--nodes 48 --tasks-per-node 8 --cpus-per-task 8" in launcher and "--srun-wait 60" in launcher
     assert "--health --health-seconds 180" in launcher and "--decision-seconds 120" in launcher
     assert launcher.rstrip().endswith(f"-- python3 -m trainer {GOLDEN_RUN_DIR}")
@@ -85,7 +85,7 @@ def test_every_config_renders_and_passes_bash_n(config: Path, tmp_path: Path):
     # Every job, with spares or without, execs the one launcher: its exit code is the job's, and
     # the srun lines it will run are the ones `runctl submit --dry-run` prints.
     cfg = load_config(config)
-    assert lines[-1].startswith("exec ") and " -m orchestrator.launcher " in lines[-1]
+    assert lines[-1].startswith("exec ") and " -m orchestrator.slurm.launcher " in lines[-1]
     assert lines[-1].endswith(" -m trainer " + str(tmp_path / "run"))
     preview = srun_preview(cfg, str(tmp_path / "run"), trainer_argv(cfg, str(tmp_path / "run")))
     assert preview and all(f"#   {line}" in lines for line in preview)

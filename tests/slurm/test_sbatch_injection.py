@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config import ConfigError, load_config, parse_config
+from orchestrator.plan.config import ConfigError, load_config, parse_config
 from orchestrator.slurm.render import render_sbatch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,7 +118,7 @@ def test_command_arguments_are_quoted_words(tmp_path):
     args = ["printf", "%s|", *hostile_values(canary)]
     script = render_sbatch(cfg, str(tmp_path), command=args)
     exec_line = script[script.index("\nexec ") + 1 :]
-    assert exec_line.startswith(f"exec {cfg.cluster.python} -m orchestrator.launcher --run-dir {tmp_path} ")
+    assert exec_line.startswith(f"exec {cfg.cluster.python} -m orchestrator.slurm.launcher --run-dir {tmp_path} ")
     command_text = exec_line[exec_line.index(" -- ") + 4 :]  # the launcher's own words are fixed and safe
     proc = subprocess.run(["bash", "-c", command_text], capture_output=True, text=True, cwd=tmp_path)
     assert not canary.exists()

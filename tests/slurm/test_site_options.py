@@ -21,9 +21,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.config import ConfigError, parse_config
-from orchestrator.launcher.__main__ import parse_args
-from orchestrator.launcher.srun_lines import health_argv, launch_argv, standby_argv
+from orchestrator.plan.config import ConfigError, parse_config
+from orchestrator.slurm.launcher.__main__ import parse_args
+from orchestrator.slurm.launcher.srun_lines import health_argv, launch_argv, standby_argv
 from orchestrator.slurm.render import render_sbatch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ def test_site_options_reach_sbatch_and_every_step_the_launcher_runs(tmp_path):
     assert sbatch["constraint"] == "a100&ib" and sbatch["requeue"] == ""
     assert sbatch["time"] == "100:00:00", "4-04:00 is 100 hours, in the canonical form"
     argv = exec_argv(text)
-    assert argv[:3] == ["/gpfs/venvs/runctl/bin/python", "-m", "orchestrator.launcher"], "the host's python"
+    assert argv[:3] == ["/gpfs/venvs/runctl/bin/python", "-m", "orchestrator.slurm.launcher"], "the host's python"
     plan = parse_args(argv[3:])
     assert plan.command == ["/usr/bin/python3", "-m", "trainer", RUN_DIR], "the image's python"
     nodes = ["n1", "n2"]

@@ -8,9 +8,9 @@ from pathlib import Path
 import yaml
 
 from orchestrator.cli.main import main
-from orchestrator.config import load_config
 from orchestrator.errors import EXIT_DOES_NOT_FIT, EXIT_USAGE
-from orchestrator.runs import job_table, submit_job
+from orchestrator.operate.runs import job_table, submit_job
+from orchestrator.plan.config import load_config
 from orchestrator.slurm.mock import MockScheduler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def test_chain_status_and_cancel(mock_slurm_dir, tmp_path, capsys):
 def test_status_remembers_jobs_the_scheduler_forgot(mock_slurm_dir, tmp_path):
     cfg = load_config(DEMO)
     sched = MockScheduler(mock_slurm_dir)
-    from orchestrator.runs import prepare_run_dir
+    from orchestrator.operate.runs import prepare_run_dir
 
     prepare_run_dir(cfg, tmp_path / "r")
     sched.slurm.push_scenario([{"state": "RUNNING", "polls": 1}, {"state": "COMPLETED", "exit_code": 18}])
@@ -132,7 +132,7 @@ def test_a_slurm_timeout_is_labelled_as_the_controller_labels_it(mock_slurm_dir,
     """A job SLURM ended TIMEOUT after the trainer saved on the pre-timeout signal (exit 18): the
     run continues, for `runctl status` as for the controller (classify_end): "time_budget"."""
     from orchestrator.contract import classify_end  # the one classification, the controller's too
-    from orchestrator.runs import prepare_run_dir
+    from orchestrator.operate.runs import prepare_run_dir
 
     cfg = load_config(DEMO)
     sched = MockScheduler(mock_slurm_dir)

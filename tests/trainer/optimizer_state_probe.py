@@ -71,8 +71,8 @@ def main(run_dir: str, out: str) -> None:
     import torch.distributed as dist
 
     import bloom_kernels
-    from orchestrator.config import load_config
     from orchestrator.contract import RunPaths
+    from orchestrator.plan.config import load_config
     from trainer.launch import dist_env_from, init_distributed
     from trainer.loop import Overrides, Trainer
 

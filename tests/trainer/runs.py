@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from orchestrator.config import dump_config, parse_config
-from orchestrator.config.load import resolve_paths
+from orchestrator.plan.config import dump_config, parse_config
+from orchestrator.plan.config.load import resolve_paths
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY = REPO_ROOT / "configs" / "tiny-cpu.yaml"

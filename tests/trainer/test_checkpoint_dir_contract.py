@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.config import load_config
 from orchestrator.contract import MANIFEST_NAME
+from orchestrator.contract.checkpoints import list_checkpoints
 from orchestrator.controller import Controller
-from orchestrator.controller.checkpoints import list_checkpoints
-from orchestrator.dashboard import dashboard_data
+from orchestrator.plan.config import load_config
 from orchestrator.slurm.mock import MockScheduler
+from orchestrator.views.dashboard import dashboard_data
 from tests.trainer import launch_local
 from tests.trainer.runs import make_run_dir
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config import ConfigError, dump_config, parse_config
-from orchestrator.config.load import resolve_paths
+from orchestrator.plan.config import ConfigError, dump_config, parse_config
+from orchestrator.plan.config.load import resolve_paths
 from tests.trainer.runs import REPO_ROOT, tiny_config_dict
 from trainer.health.checks import check_memory, probe_dir, run_site_command
 from trainer.health.gpu import check_gpus, parse_nvlink_status, parse_query_gpu

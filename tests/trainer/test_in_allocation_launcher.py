@@ -1,4 +1,4 @@
-"""`python -m orchestrator.launcher` (every job's program) as a real process, against fake srun/squeue/scancel/scontrol
+"""`python -m orchestrator.slurm.launcher` (every job's program) as a real process, against fake srun/squeue/scancel/scontrol
 (tests/trainer/fake_slurm_steps.py) that play a planned outcome per step; the test plays the
 controller by writing decisions. The real-SLURM run of the same path, with the real trainer and
 controller, is tests/controller/test_e2e_slurm.py::test_sigkilled_rank_relaunched_on_a_spare_...
@@ -37,7 +37,7 @@ def launcher(tmp_path: Path):
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_DIR": str(fake),
                "FAKE_NODES": nodes, "SLURM_JOB_ID": JOB, "SLURM_JOB_NODELIST": "ignored-by-the-fake",
                "SLURM_NTASKS": "6", "PYTHONPATH": str(REPO)}
-        argv = [sys.executable, "-m", "orchestrator.launcher", "--run-dir", str(run),
+        argv = [sys.executable, "-m", "orchestrator.slurm.launcher", "--run-dir", str(run),
                 "--nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1",
                 "--srun-wait", "5", "--decision-seconds", str(decision_seconds)]
         argv += ["--health", "--health-seconds", "20"] if health else []

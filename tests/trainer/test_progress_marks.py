@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from orchestrator.contract import Mark, Phase, RunPaths, read_heartbeats
-from orchestrator.filemodes import NotPrivateError
+from orchestrator.contract.filemodes import NotPrivateError
 from trainer.heartbeat import HeartbeatWriter
 from trainer.node_beats import NodeLocalBeats
 from trainer.progress import COUNTER, ProgressCounter, waiting

@@ -47,7 +47,7 @@ def probe(out: str) -> None:
     from deepspeed.runtime.pipe import schedule
     from deepspeed.utils import safe_get_full_fp32_param
 
-    from orchestrator.config import parse_config
+    from orchestrator.plan.config import parse_config
     from tests.trainer.runs import tiny_config_dict
     from trainer import engine as eng
     from trainer.launch import dist_env_from, init_distributed

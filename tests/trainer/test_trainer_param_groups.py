@@ -9,7 +9,7 @@ from trainer.engine import build_param_groups, deepspeed_config, split_by_size, 
 
 
 def bloom_named_params():
-    from orchestrator.config import parse_config
+    from orchestrator.plan.config import parse_config
     from tests.trainer.runs import tiny_config_dict
     from trainer.model import BloomModel
     from trainer.parallel.groups import ParallelLayout
@@ -65,7 +65,7 @@ def test_no_weight_decay_attribute_wins():
 
 
 def test_deepspeed_config_bf16_zero1_fp32_accumulation():
-    from orchestrator.config import parse_config
+    from orchestrator.plan.config import parse_config
     from tests.trainer.runs import tiny_config_dict
 
     cfg = parse_config(tiny_config_dict(), source="test")

@@ -77,7 +77,7 @@ def test_rampup_rejects_bad_increments():
 
 
 def test_schedules_from_tiny_config():
-    from orchestrator.config import load_config
+    from orchestrator.plan.config import load_config
     from tests.conftest import CONFIGS
 
     cfg = load_config(CONFIGS / "tiny-cpu.yaml")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config import ConfigError, dump_config, load_config, parse_config
+from orchestrator.plan.config import ConfigError, dump_config, load_config, parse_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 BLOOM = Path(__file__).resolve().parents[2] / "configs" / "bloom-176b.yaml"

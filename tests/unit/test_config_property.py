@@ -9,7 +9,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.config import ConfigError, load_config, parse_config
+from orchestrator.plan.config import ConfigError, load_config, parse_config
 
 BLOOM = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "bloom-176b.yaml").read_text())
 

@@ -1,15 +1,15 @@
-"""docs/config.md holds every key of the schema: it is what orchestrator.config.reference prints."""
+"""docs/config.md holds every key of the schema: it is what orchestrator.plan.config.reference prints."""
 
 from __future__ import annotations
 
-from orchestrator.config.reference import reference, rows
-from orchestrator.config.schema import RunConfig
+from orchestrator.plan.config.reference import reference, rows
+from orchestrator.plan.config.schema import RunConfig
 from tests.conftest import REPO_ROOT
 
 
 def test_the_reference_is_up_to_date():
     assert (REPO_ROOT / "docs" / "config.md").read_text() == reference(), (
-        "docs/config.md is out of date: python -m orchestrator.config.reference > docs/config.md"
+        "docs/config.md is out of date: python -m orchestrator.plan.config.reference > docs/config.md"
     )
 
 

@@ -1,4 +1,4 @@
-"""Events in words (orchestrator/event_text/): every kind of contract.events has a sentence; a
+"""Events in words (orchestrator/views/event_text/): every kind of contract.events has a sentence; a
 sentence shows no raw dict or list, names the job and the node it is about, says nothing of a
 field an old line lacks ("None"), and lets no control character through.
 
@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
-from orchestrator.event_text import SENTENCES, clock, sentence
+from orchestrator.views.event_text import SENTENCES, clock, sentence
 
 JOB, NODE = "4207", "node17"
 ANSI = "\x1b[2J\x1b]0;pwned\x07\nforged line"
@@ -61,7 +61,7 @@ def all_kinds() -> list[type[ev.Event]]:
 def test_every_kind_has_its_own_sentence():
     kinds = all_kinds()
     missing = [k.__name__ for k in kinds if k not in SENTENCES]
-    assert missing == [], f"no sentence for {missing}: add one to the matching orchestrator/event_text/*_sentences.py"
+    assert missing == [], f"no sentence for {missing}: add one to the matching orchestrator/views/event_text/*_sentences.py"
     assert len({SENTENCES[k] for k in kinds}) == len(kinds), "one function per kind"
 
 

@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.config.schema import HealthConfig
 from orchestrator.contract import (
     KILL_REQUEST,
     ROLLBACK_REQUEST,
@@ -20,6 +19,7 @@ from orchestrator.contract import (
 )
 from orchestrator.contract import health_events as hev
 from orchestrator.contract.state import ControllerState, RunStatus
+from orchestrator.contract.training_health import CheckpointInfo, HealthFinding
 from orchestrator.controller import health_policy as hp
 from orchestrator.controller.actions import (
     Cancel,
@@ -37,7 +37,7 @@ from orchestrator.controller.actions import (
     Submit,
     WithdrawRequest,
 )
-from orchestrator.training_health import CheckpointInfo, HealthFinding
+from orchestrator.plan.config.schema import HealthConfig
 
 NOW = 1_000_000.0
 GBS = 8

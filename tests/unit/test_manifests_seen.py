@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 
 from orchestrator.contract import MANIFEST_NAME
+from orchestrator.contract.checkpoints import list_checkpoints
 from orchestrator.contract.manifest import FileEntry, Manifest, write_manifest
-from orchestrator.controller.checkpoints import list_checkpoints
 
 
 def _save(root, step: int, size: int) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config import load_config, parse_config
-from orchestrator.planner import count_parameters, pipeline_partition, plan_run
+from orchestrator.plan.config import load_config, parse_config
+from orchestrator.plan.planner import count_parameters, pipeline_partition, plan_run
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOOM = ROOT / "configs" / "bloom-176b.yaml"

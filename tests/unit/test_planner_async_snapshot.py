@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 
 from orchestrator.cli.main import main
-from orchestrator.config import parse_config
-from orchestrator.planner import plan_run
+from orchestrator.plan.config import parse_config
+from orchestrator.plan.planner import plan_run
 from tests.unit.test_planner import _bloom_with
 
 GIB = 1024**3

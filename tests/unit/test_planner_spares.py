@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 
 from orchestrator.cli.main import main
-from orchestrator.config import parse_config
-from orchestrator.planner import plan_run
+from orchestrator.plan.config import parse_config
+from orchestrator.plan.planner import plan_run
 from tests.unit.test_planner import BLOOM, _bloom_with, rel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def test_two_nodes_one_spare_by_hand(tmp_path: Path, capsys) -> None:
     data = yaml.safe_load((ROOT / "configs" / "tiny-cpu.yaml").read_text())
     data["cluster"].update(nodes=2, spare_nodes=1, time_limit="10:00:00", gpu_mtbf_hours=40, pre_timeout_seconds=600)
     data["checkpoint"].update(interval_hours=2, interval_steps=None, save_seconds=360, async_save=False)
-    # a 360 s save fits the margin and its timeout (the time budget, orchestrator/time_budget.py)
+    # a 360 s save fits the margin and its timeout (the time budget, orchestrator/plan/time_budget.py)
     data["data"].update(eval_iters=0)
     data["watchdog"].update(restart_minutes=30, in_allocation_restart_minutes=3, checkpoint_timeout_seconds=1800)
     path = tmp_path / "two-plus-one.yaml"

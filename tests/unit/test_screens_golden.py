@@ -128,7 +128,7 @@ def test_report(screen, run, width, tmp_path):
 
 def test_a_stopped_run_says_why_on_its_top_line():
     """A kill reads as killed, with its reason, on the line people read first (not only in events)."""
-    from orchestrator.status_screen import _header
+    from orchestrator.views.status_screen import _header
 
     data = {"name": "tr11", "run_dir": "/runs/tr11", "dashboard": {
         "status": "killed", "restarts": 1, "controller": None, "last_pass_age": None,
@@ -142,7 +142,7 @@ def test_a_warning_of_several_lines_shows_them_as_lines():
     control character inside a line is still made inert."""
     from rich.console import Console
 
-    from orchestrator.status_screen import _warnings
+    from orchestrator.views.status_screen import _warnings
 
     problem = "`squeue --json` exited 1\n  stdout: (empty)\n  stderr: slurm_load_jobs error: Socket timed out\x1b[2J"
     console = Console(width=100, record=True, color_system=None)
@@ -155,7 +155,7 @@ def test_a_warning_of_several_lines_shows_them_as_lines():
 
 
 def test_a_job_the_kill_switch_stopped_reads_as_killed_not_failed():
-    from orchestrator.status_screen import shown_state
+    from orchestrator.views.status_screen import shown_state
 
     killed = {"state": "failed", "exit_code": 17}
     assert shown_state(killed) == "killed"

@@ -21,7 +21,7 @@ from orchestrator.contract import RunPaths
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
 from orchestrator.contract.state import RunStatus, load_state, save_state
-from orchestrator.status_screen import heartbeat_lines
+from orchestrator.views.status_screen import heartbeat_lines
 from tests.screens_run import NOW, REPO, at, build_run
 
 

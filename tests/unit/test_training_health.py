@@ -1,4 +1,4 @@
-"""orchestrator/training_health.py: the detection rules and the rollback planner, on plain records.
+"""orchestrator/contract/training_health.py: the detection rules and the rollback planner, on plain records.
 
 Expected values are computed by hand in the comments (medians, MADs, thresholds), not with the
 module's formulas; the healthy curves are synthetic but shaped like real ones (a warm-up drop, a
@@ -13,9 +13,8 @@ import time
 
 import pytest
 
-from orchestrator.config.schema import HealthConfig
 from orchestrator.contract import StepMetrics
-from orchestrator.training_health import (
+from orchestrator.contract.training_health import (
     DIVERGENCE,
     GRAD_NORM_EXPLOSION,
     LOSS_SPIKE,
@@ -27,6 +26,7 @@ from orchestrator.training_health import (
     plan_rollback,
     policy_for,
 )
+from orchestrator.plan.config.schema import HealthConfig
 from tests.health_curves import flat_run, healthy_run, with_drift, with_grad_burst, with_spike
 
 DEFAULTS = HealthConfig()

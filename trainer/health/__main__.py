@@ -136,7 +136,7 @@ def run(args: argparse.Namespace, started: float) -> int:
     except ValueError as exc:
         print(f"[health] {exc}: set SLURMD_NODENAME to the node's SLURM name", file=sys.stderr)
         return USAGE_ERROR
-    from orchestrator.config import ConfigError, load_config
+    from orchestrator.plan.config import ConfigError, load_config
 
     try:
         cfg = load_config(RunPaths.of(args.run_dir).config)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from orchestrator.filemodes import owner_umask
+    from orchestrator.contract.filemodes import owner_umask
 
     with owner_umask():  # before health/ and the node's file are made
         code = main()

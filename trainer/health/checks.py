@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.textsafe import cap, for_terminal
+from orchestrator.contract.textsafe import cap, for_terminal
 
 PROBE_BYTES = 4096
 MAX_DETAIL_CHARS = 400

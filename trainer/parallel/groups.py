@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from orchestrator.config import check_layout
+from orchestrator.plan.config import check_layout
 
 
 class LayoutError(ValueError):
