@@ -5,7 +5,7 @@
 Each repeat runs the command in a fresh interpreter and times, in that process, the CPU seconds
 from its first import of the orchestrator to the end (so a busy machine does not count, but a
 slow one does), and lists the heavy modules it imported. The figure is the median over the
-repeats; the targets (issue 23) are `--help` under 0.5 s and `status` under 1 s of CPU. The test
+repeats; the targets are `--help` under 0.5 s and `status` under 1 s of CPU. The test
 (tests/unit/test_cli_help.py) checks the behaviour behind the figure, that neither command imports
 a heavy module; the figure itself belongs here, because it depends on the machine.
 """

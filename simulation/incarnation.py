@@ -373,10 +373,12 @@ class Incarnation:
         blocked = self.blocked.get(rank)
         return state if blocked is None else replace(state, stretch=blocked)
 
-    def kill_rank(self, rank: int, t: float, exit_beat: bool = False) -> None:
+    def kill_rank(self, rank: int, t: float, exit_code: int | None = None) -> None:
+        """`exit_code`: a Python exception's, written in the exit beat before the rank dies; None:
+        killed by a signal, no exit beat."""
         frozen = self.rank_state(rank)
-        if exit_beat:  # a Python exception: the trainer writes its exit beat before dying
-            frozen = replace(frozen, phase=Phase.EXITING, exit_code=1, writes=frozen.writes + 1, last_write=t)
+        if exit_code is not None:
+            frozen = replace(frozen, phase=Phase.EXITING, exit_code=exit_code, writes=frozen.writes + 1, last_write=t)
         self.dead.setdefault(rank, (t, frozen))
         self.fault(t)
 

@@ -33,6 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.contract.causes import Cause
+from orchestrator.contract.codes import ExitCode
+
 from .harness import Harness
 
 DETECTIONS = ("failure",)
@@ -75,11 +78,11 @@ def reported_gaps(h: Harness) -> dict[str, float]:
 def bound_seconds(h: Harness, key: str, facts: dict[str, Any]) -> float:
     w = h.cfg.watchdog
     extra = w.heartbeat_seconds + 2 * w.poll_seconds
-    if key in ("hang", "hang_in_save"):
+    if key in (Cause.HANG, "hang_in_save"):
         phase = facts.get("phase") or ("checkpoint" if key == "hang_in_save" else "step")
         return hang_limit(h, phase, facts.get("gaps", reported_gaps(h))) + extra
     return {
-        "dead_rank": w.dead_after_seconds + 2 * w.poll_seconds,
+        Cause.DEAD_RANK: w.dead_after_seconds + 2 * w.poll_seconds,
         "job_end": w.poll_seconds + 5.0,
         "controller_back": facts.get("down_seconds", 0.0) + 2 * w.poll_seconds,
         "none": 0.0,
@@ -112,9 +115,9 @@ def fault_after(
     return inject
 
 
-def crash(by_signal: bool = False, rank: int = 100):
+def crash(by_signal: bool = False, rank: int = 100, exit_code: int = 1):
     def act(h: Harness, t: float, facts: dict) -> None:
-        facts["culprit"] = h.world.crash_rank(t, rank, by_signal)
+        facts["culprit"] = h.world.crash_rank(t, rank, by_signal, exit_code)
 
     return act
 
@@ -205,7 +208,7 @@ def requeue(h: Harness, t: float, facts: dict) -> None:
 # -- scenarios whose setup is more than one fault ------------------------------------------------------
 def hang_after_restart(h: Harness, facts: dict) -> None:
     h.when("training", 1800, lambda t: h.world.crash_rank(t, 100, False), post=120)
-    fault_after("training", 900, "hang", hang, nth=2)(h, facts)
+    fault_after("training", 900, Cause.HANG, hang, nth=2)(h, facts)
 
 
 def slow_save(h: Harness, facts: dict) -> None:
@@ -225,7 +228,7 @@ def skewed_then_node_loss(h: Harness, facts: dict) -> None:
         h.world.skew[f"node{i:03d}"] = +60.0
     for i in range(9, 13):
         h.world.skew[f"node{i:03d}"] = -60.0
-    fault_after("training", 3600, "dead_rank", lose_node(node_index=5))(h, facts)  # node006: +60 s
+    fault_after("training", 3600, Cause.DEAD_RANK, lose_node(node_index=5))(h, facts)  # node006: +60 s
 
 
 def outage_while_queued(h: Harness, facts: dict) -> None:
@@ -317,7 +320,7 @@ def disk_fills(h: Harness, facts: dict) -> None:
     fault_after("training", 1800, "none", fill, quiet=120)(h, facts)
 
 
-# -- the node pool (issue 21): exclusions that heal, a pool that cannot silently run dry ---------------
+# -- the node pool: exclusions that heal, a pool that cannot silently run dry ---------------
 def exhaust_pool(h: Harness, facts: dict) -> None:
     """The pool is exactly the job's 48 nodes: node021 dies, is excluded (probation 2 h) and the
     pool is short at once; SLURM downs it, an admin returns it 1 h later, the probation expires."""
@@ -326,7 +329,7 @@ def exhaust_pool(h: Harness, facts: dict) -> None:
         lose_node()(h2, t, f)
         h2.at(t + 3600, lambda when: h2.world.slurm.repair(f["culprit"]), pre=0, post=0)
 
-    fault_after("save_done", 1200, "dead_rank", act)(h, facts)
+    fault_after("save_done", 1200, Cause.DEAD_RANK, act)(h, facts)
 
 
 def pool_alert_then_recovery(h: Harness, facts: dict[str, Any]) -> list[str]:
@@ -395,24 +398,39 @@ def reservation_is_not_a_failure(h: Harness, facts: dict[str, Any]) -> list[str]
     return problems
 
 
+def failed_for(cause: Cause) -> Callable[[Harness, dict[str, Any]], list[str]]:
+    """The failure event names `cause`."""
+
+    def check(h: Harness, facts: dict[str, Any]) -> list[str]:
+        causes = [event.cause for _, _, event in h.events_named("failure")]
+        return [] if causes[:1] == [cause] else [f"failure causes {causes}, expected [{cause.value!r}]"]
+
+    return check
+
+
 # fmt: off
 SCENARIOS = [
     Scenario("rank_crash", given="training, before the first save", fault="rank 100 raises (exit 1) 30 min in",
              bound="job_end", expect="restart", exclude="at_most_culprit",
              inject=fault_after("training", 1800, "job_end", crash())),
+    Scenario("rank_out_of_memory", given="20 min after the first save",
+             fault="rank 100 runs out of memory (MemoryError: exit 21)",
+             bound="job_end", expect="restart", exclude="none",
+             inject=fault_after("save_done", 1200, "job_end", crash(exit_code=ExitCode.OUT_OF_MEMORY)),
+             check=failed_for(Cause.OUT_OF_MEMORY)),
     Scenario("node_loss", given="20 min after the first save", fault="node021 dies (its 8 ranks stop beating)",
-             bound="dead_rank", expect="restart", exclude="culprit",
-             inject=fault_after("save_done", 1200, "dead_rank", lose_node())),
+             bound=Cause.DEAD_RANK, expect="restart", exclude="culprit",
+             inject=fault_after("save_done", 1200, Cause.DEAD_RANK, lose_node())),
     Scenario("hang_before_first_save", given="training, no save yet",
              fault="a collective hangs mid-step: all ranks beat, no micro-batch ends",
-             bound="hang", expect="restart", exclude="none", inject=fault_after("training", 1800, "hang", hang),
+             bound=Cause.HANG, expect="restart", exclude="none", inject=fault_after("training", 1800, Cause.HANG, hang),
              within=90.0),
     Scenario("hang_after_first_save", given="20 min after the first save",
              fault="the gradient reduce hangs: every rank waits in it (WAIT), none is stuck on its own",
-             bound="hang", expect="restart", exclude="none",
-             inject=fault_after("save_done", 1200, "hang", hang_in_reduce), within=90.0),
+             bound=Cause.HANG, expect="restart", exclude="none",
+             inject=fault_after("save_done", 1200, Cause.HANG, hang_in_reduce), within=90.0),
     Scenario("hang_after_restart", given="15 min into the job restarted after a crash", fault="a collective hangs",
-             bound="hang", expect="restart", exclude="none", inject=hang_after_restart, within=90.0),
+             bound=Cause.HANG, expect="restart", exclude="none", inject=hang_after_restart, within=90.0),
     Scenario("hang_in_save", given="60 s into the first save", fault="its bytes stop moving (beats go on)",
              bound="hang_in_save", expect="restart", exclude="none",
              inject=fault_after("save_start", 60, "hang_in_save", hang), watch_after=600, within=90.0),
@@ -433,7 +451,7 @@ SCENARIOS = [
              inject=fault_after("training", 1800, "none", stall_one_node(600), quiet=600),
              check=stalled_node_recorded),
     Scenario("clock_skew", given="node005-008 at +60 s, node009-012 at -60 s, 1 h of training",
-             fault="node006 (+60 s) dies", bound="dead_rank", expect="restart", exclude="culprit",
+             fault="node006 (+60 s) dies", bound=Cause.DEAD_RANK, expect="restart", exclude="culprit",
              inject=skewed_then_node_loss),
     Scenario("slurm_requeue", given="training", fault="SLURM requeues the job: same id, SLURM_RESTART_COUNT=1",
              bound="none", expect="nothing", exclude="none",
@@ -464,7 +482,7 @@ SCENARIOS = [
              watch_after=600),
     Scenario("exclusions_exhaust_pool", given="the pool is exactly the job's 48 nodes, probation 2 h",
              fault="node021 dies (excluded); SLURM downs it; an admin returns it 1 h later",
-             bound="dead_rank", expect="custom", exclude="none", inject=exhaust_pool, watch_after=4 * 3600,
+             bound=Cause.DEAD_RANK, expect="custom", exclude="none", inject=exhaust_pool, watch_after=4 * 3600,
              config={"cluster": {"spare_nodes": 0}, "exclusions": {"probation_hours": 2}}, pool_spares=0,
              check=pool_alert_then_recovery),
     Scenario("maintenance_reservation", given="48-node pool, 3 h time limit, 30 min into training",

@@ -1,4 +1,4 @@
-"""Scenarios of the paths BLOOM's config ships (issue 21, part 1): a relaunch on a spare inside the
+"""Scenarios of the paths BLOOM's config ships: a relaunch on a spare inside the
 job, the 20 h time-limit chain with the pre-timeout save, a straggler node. Each judge reads what
 the controller wrote (events.jsonl, allocation.json through the contract, the exclude list) and
 what the simulated world did (its launches, their nodes, the checkpoint each one loaded).
@@ -11,6 +11,7 @@ from typing import Any
 from orchestrator.contract import ExitCode, read_allocation
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
+from orchestrator.contract.causes import Cause
 
 from .harness import Harness
 from .scenarios import Scenario, fault_after, lose_node
@@ -122,8 +123,8 @@ def straggler_flagged(h: Harness, facts: dict[str, Any]) -> list[str]:
 # fmt: off
 SHIPPED = [
     Scenario("in_allocation_relaunch", given="BLOOM's job: 48 nodes + 4 spares, --no-kill, 20 min after the first save",
-             fault="node021 dies", bound="dead_rank", expect="custom", exclude="culprit",
-             inject=fault_after("save_done", 1200, "dead_rank", lose_node()), watch_after=1800,
+             fault="node021 dies", bound=Cause.DEAD_RANK, expect="custom", exclude="culprit",
+             inject=fault_after("save_done", 1200, Cause.DEAD_RANK, lose_node()), watch_after=1800,
              check=relaunched_on_a_spare),
     Scenario("time_limit_chain_20h", given="Jean Zay's 20 h limit, pre-timeout signal 10 min before",
              fault="none: the first job reaches its limit", bound="none", expect="custom", exclude="none",

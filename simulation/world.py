@@ -285,16 +285,17 @@ class World:
     def node_of(self, inc: Incarnation, rank: int) -> str:
         return inc.nodes[rank // self.gpus_per_node]
 
-    def crash_rank(self, t: float, rank: int, by_signal: bool) -> str | None:
-        """One rank dies; srun --kill-on-bad-exit ends the others; the job fails."""
+    def crash_rank(self, t: float, rank: int, by_signal: bool, exit_code: int = 1) -> str | None:
+        """One rank dies (by a signal, or exiting with `exit_code` after its exit beat); srun
+        --kill-on-bad-exit ends the others; the job fails."""
         inc = self.running_incarnation()
         if inc is None:
             return None
         node = self.node_of(inc, rank)
-        inc.kill_rank(rank, t, exit_beat=not by_signal)
-        what = "Killed" if by_signal else "Exited with exit code 1"
+        inc.kill_rank(rank, t, exit_code=None if by_signal else exit_code)
+        what = "Killed" if by_signal else f"Exited with exit code {exit_code}"
         report = f"srun: error: {node}: task {rank}: {what}\n"
-        code = 137 if by_signal else 1
+        code = 137 if by_signal else exit_code
 
         def srun_returns(when: float) -> None:
             if inc.gone_at is None:

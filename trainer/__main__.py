@@ -37,6 +37,14 @@ from orchestrator.contract import ExitCode, Phase, RunPaths
 USAGE = "usage: python -m trainer RUN_DIR   (RUN_DIR/run.yaml is the frozen run config)"
 
 
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Host memory (MemoryError) or the accelerator's (torch.OutOfMemoryError): exit 21, so the
+    controller restarts without blaming the node (it would run out on any node)."""
+    import torch
+
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError))
+
 def main(argv: list[str] | None = None) -> int:
     process_start = time.time()
     argv = sys.argv[1:] if argv is None else argv
@@ -104,10 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     except LayoutError as exc:  # the config cannot run on this job: a restart would fail the same way
         print(f"[trainer rank {dist.rank}] config refused: {exc}", file=sys.stderr, flush=True)
         code = ExitCode.CONFIG_ERROR
-    except Exception:
+    except Exception as exc:
         traceback.print_exc()
-        print(f"[trainer rank {dist.rank}] FAILED (exit {int(ExitCode.FAILED)})", file=sys.stderr, flush=True)
-        code = ExitCode.FAILED
+        code = ExitCode.OUT_OF_MEMORY if out_of_memory(exc) else ExitCode.FAILED
+        print(f"[trainer rank {dist.rank}] FAILED (exit {int(code)})", file=sys.stderr, flush=True)
     finally:
         if trainer is not None:
             trainer.close()

@@ -10,6 +10,7 @@ Kinds (what happens at the start of step N, on every rank or only on rank R):
     hang     sleep for ever (the heartbeat thread keeps beating; progress stands still)
     crash    os._exit(1) (no checkpoint, no cleanup, like a segfault)
     raise    raise RuntimeError (a bug: the rank prints its traceback and exits 1)
+    oom      raise MemoryError (out of memory: the rank exits 21, the controller blames no node)
     sigkill  SIGKILL itself
     sigusr1  send itself SIGUSR1 (the pre-timeout signal)
     slow     from step N on, burn SLOW_BUSY_CPU_SECONDS of busy CPU before every step (a straggler:
@@ -65,7 +66,7 @@ from typing import Any
 
 from orchestrator.contract import ExitCode
 
-KINDS = ("nan", "hang", "crash", "raise", "sigkill", "sigusr1", "killsnapshot", "killwrite", "slowwrite", "slow", "spike",
+KINDS = ("nan", "hang", "crash", "raise", "oom", "sigkill", "sigusr1", "killsnapshot", "killwrite", "slowwrite", "slow", "spike",
          "poison", "corruptmaster", "slowmicro", "slowsave", "hangsave")
 SAVE_KINDS = ("slowsave", "hangsave")
 SLOW_MICRO_STEPS = 3
@@ -173,6 +174,8 @@ class FaultInjector:
                 os._exit(int(ExitCode.FAILED))
             elif fault.kind == "raise":
                 raise RuntimeError(f"TEST FAULT raise at step {step} on rank {self.rank}")
+            elif fault.kind == "oom":
+                raise MemoryError(f"TEST FAULT oom at step {step} on rank {self.rank}")
             elif fault.kind == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
             elif fault.kind == "sigusr1":

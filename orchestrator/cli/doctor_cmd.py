@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+from orchestrator.contract.severity import Notice
 from orchestrator.errors import EXIT_FAILURE, EXIT_OK, UsageError
 
 
@@ -73,7 +74,11 @@ def run_doctor(args: argparse.Namespace) -> int:
     if doctor.should_notify(findings, memory):
         message = "; ".join(f"{f.check}: {f.message}" for f in problems)
         for failure in notify(
-            cfg.notifications, cfg.name, "doctor", f"runctl doctor: {message}", {"run_dir": str(paths.root)}
+            cfg.notifications,
+            cfg.name,
+            Notice.DOCTOR,
+            f"runctl doctor: {message}",
+            {"run_dir": str(paths.root)},
         ):
             print(f"notification failed: {failure}", file=sys.stderr)
     try:

@@ -21,6 +21,9 @@ class ExitCode(enum.IntEnum):
     # The launcher found fewer healthy nodes than the run needs (allocation.json says which
     # failed and why): a failure, restarted at job level without them.
     UNHEALTHY_NODES = 20
+    # A rank ran out of memory (host MemoryError, or the accelerator's out-of-memory error): a
+    # failure of the job's size or a leak, not of the node it ran on.
+    OUT_OF_MEMORY = 21
 
     @classmethod
     def describe(cls, code: int | None) -> str:

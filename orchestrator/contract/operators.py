@@ -20,12 +20,10 @@ Modes set by `prepare_permissions` (the controller calls it at start):
     accepted/          0755  requests the controller authenticated (see controller/requests.py)
     quarantine/        0700  what the controller refused or could not read safely, kept as evidence
 Made owner-only by others: jobs/<id>/ 0700 (runs.submit_job, the job script, the launcher),
-.private/ 0700 and excluded-nodes.json 0644 (controller/exclude.py).
+.private/ 0700 and excluded-nodes.json 0644 (contract/exclude.py).
 
 A non-operator cannot read the run at all (the root is 2750), so there is nothing to attempt and
 nothing for such a user to write: the audit trail holds what the controller authenticated.
-`audit-inbox/` (1733, where a refused attempt used to be dropped by the client) is no longer made;
-`merge_inbox` drains one left in an older run directory, trusting nothing in it.
 
 Nothing here follows a symbolic link: an entry another user planted is skipped (and the
 controller's request intake quarantines it), never chowned or chmodded.
@@ -48,16 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract import (
-    RequestBody,
     RunPaths,
-    UntrustedFileError,
-    loads_bounded,
-    read_untrusted,
 )
 from orchestrator.contract import events as ev
 from orchestrator.contract.audit import AuditRecord, write_audit
 from orchestrator.contract.audit import read_audit as read_audit_file
-from orchestrator.contract.paths import INBOX_NAME
 from orchestrator.contract.textsafe import cap, for_terminal
 from orchestrator.errors import PermissionDeniedError
 
@@ -69,10 +62,7 @@ QUARANTINE_DIR_MODE = 0o700
 TRUSTED_FILE_MODE = 0o644  # state.json, events.jsonl, audit.jsonl
 SECRET_FILE_MODE = 0o640  # run.yaml
 SECRET_SCRIPT_MODE = 0o750  # jobs/*/job.sbatch
-INBOX_MODE = 0o1733
 QUARANTINE_MAX_ENTRIES = 200  # beyond this, a refused entry is deleted and only its record kept
-INBOX_MAX_PER_PASS = 50  # a flood of inbox files costs the controller at most this much per pass
-INBOX_MAX_BYTES = 4096
 TRUST_MAX_ENTRIES = 20000  # check_trust walks at most this many entries (a start-up cost on GPFS)
 
 
@@ -191,58 +181,6 @@ def cannot_write_control(paths: RunPaths, operators: Any, user: User, exc: OSErr
         f"({exc.strerror}): {fix}, or a site admin may grant an ACL "
         f"(setfacl -m u:{user.name}:rwx {paths.control}; see docs/security.md). Nothing was requested."
     )
-
-
-# -- the audit inbox --------------------------------------------------------------------------------
-def merge_inbox(paths: RunPaths, clock=time.time) -> list[ev.Event]:
-    """Drain the audit-inbox/ of a run directory made before issue 12 into audit.jsonl (run as the
-    owner; read_requests calls it every pass). New runs have no inbox.
-
-    The writer is the file's st_uid; `allowed` is always false (an allowed action never goes
-    through the inbox); action and reason are sanitised and capped. A file that is not a small
-    regular file, or not a JSON object, is quarantined. Each file is handled once (moved or
-    removed), at most INBOX_MAX_PER_PASS per call. Returns events for events.jsonl."""
-    inbox = paths.audit_inbox
-    try:
-        names = sorted(os.listdir(inbox))[:INBOX_MAX_PER_PASS]
-    except OSError:
-        return []
-    events: list[ev.Event] = []
-    for name in names:
-        path = inbox / name
-        try:
-            data, info = read_untrusted(path, INBOX_MAX_BYTES)
-        except FileNotFoundError:
-            continue
-        except UntrustedFileError as exc:
-            events.append(quarantine(paths, path, exc.reason, clock))
-            continue
-        try:
-            record = loads_bounded(data)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict):
-            events.append(quarantine(paths, path, "not a JSON object", clock))
-            continue
-        writer = User.of_uid(info.st_uid)
-        body = RequestBody.parse(record)
-        action = (
-            record.get("action") if isinstance(record.get("action"), str) else "?"
-        )  # a legacy inbox file's own key
-        write_audit(
-            paths.audit,
-            AuditRecord(
-                user=writer.name,
-                uid=writer.uid,
-                action=cap(for_terminal(action), 80),
-                reason=cap(for_terminal(body.reason)),
-                allowed=False,
-                time=info.st_mtime,
-                via=INBOX_NAME,
-            ),
-        )
-        path.unlink(missing_ok=True)
-    return events
 
 
 def quarantine(
@@ -447,7 +385,7 @@ def check_trust(paths: RunPaths, operators: Any, checkpoints: Path | None = None
     it: jobs/ (each job's folder), heartbeats/, accepted/, the checkpoint folder, aux/, stacks/
     and data_cache/. The controller runs it at start, and again whenever a new job folder appears
     (observer.Observer.trust_problems: an event and a notification then, never a crash). Each
-    problem names the path and the command that fixes it. control/ and audit-inbox/ are drop boxes
+    problem names the path and the command that fixes it. control/ is a drop box
     by design and are checked only for their own mode. Cost: one lstat per entry, at most
     TRUST_MAX_ENTRIES."""
     me = os.geteuid()
@@ -486,7 +424,7 @@ def check_trust(paths: RunPaths, operators: Any, checkpoints: Path | None = None
             check(path, os.lstat(path), top=True)
         except FileNotFoundError:
             continue
-    for drop_box in (paths.control, paths.audit_inbox):
+    for drop_box in (paths.control,):
         try:
             info = os.lstat(drop_box)
         except FileNotFoundError:

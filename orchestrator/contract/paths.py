@@ -29,7 +29,6 @@ LATEST_NAME = "latest"
 DAMAGED_LOG_NAME = "damaged.jsonl"  # in the checkpoints dir: checkpoints the ranks found damaged
 EXCLUDE_FILE_NAME = "excluded-nodes.json"
 JOB_SCRIPT_NAME = "job.sbatch"
-INBOX_NAME = "audit-inbox"
 QUARANTINE_NAME = "quarantine"
 
 
@@ -110,11 +109,6 @@ class RunPaths:
         """Nodes the controller excluded (orchestrator.contract.exclude): written by the owner
         only, read by the operators' group; operators clear nodes by a request (NODES_CLEAR_REQUEST)."""
         return self.root / EXCLUDE_FILE_NAME
-
-    @property
-    def legacy_exclude_list(self) -> Path:
-        """Where runctl before issue 22 kept the list, group-writable: never trusted, quarantined."""
-        return self.control / EXCLUDE_FILE_NAME
 
     @property
     def exclude_lock(self) -> Path:
@@ -271,10 +265,6 @@ class RunPaths:
     def intake_state(self) -> Path:
         """Fingerprints of the requests the controller already handled."""
         return self.accepted / ".intake.json"
-
-    @property
-    def audit_inbox(self) -> Path:
-        return self.root / INBOX_NAME
 
     @property
     def quarantine(self) -> Path:

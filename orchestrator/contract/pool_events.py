@@ -1,4 +1,4 @@
-"""events.jsonl records of the node pool and of SLURM's word (issue 21): what SLURM says of a
+"""events.jsonl records of the node pool and of SLURM's word: what SLURM says of a
 node before the controller blames it, stalls, probations, a pool too small to schedule the job,
 and jobs SLURM's answer does not list. Same rules as events.py (registered by kind on import;
 the contract package imports this module, so `read_events` always knows them)."""

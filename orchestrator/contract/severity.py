@@ -33,25 +33,46 @@ class Severity(str, enum.Enum):
         return {Severity.INFO: 0, Severity.CHAT: 1, Severity.PAGE: 2}[self]
 
 
-# Every kind a notification may have (config `notifications.events` lists a subset), in the
-# order the config reference shows them.
-SEVERITY: dict[str, Severity] = {
-    "failure": Severity.CHAT,  # a job or launch failed: the controller restarts it
-    "hang": Severity.CHAT,  # ranks stopped progressing: cancelled and restarted
-    "restart": Severity.CHAT,
-    "kill": Severity.INFO,  # an operator's kill switch stopped the run
-    "crash_loop": Severity.PAGE,  # restarts without a new checkpoint: stopped
-    "stopped": Severity.PAGE,  # stopped on its own: config error, paused for training health
-    "finish": Severity.INFO,
-    "disk": Severity.PAGE,  # the next checkpoint does not fit, or state.json cannot be written
-    "disk_low": Severity.CHAT,  # the disk is getting full: room for the next save still
-    "straggler": Severity.CHAT,
-    "health": Severity.CHAT,  # training-health findings and rollbacks the controller handles
-    "pool": Severity.PAGE,  # fewer usable nodes than the job's: the next job cannot start
-    "spares": Severity.CHAT,  # the next job asks for fewer spares: it starts, with less room
-    "doctor": Severity.PAGE,  # `runctl doctor` (cron) found a problem: nobody supervises, or it stopped
+class Notice(str, enum.Enum):
+    """Every kind a notification may have (config `notifications.events` lists a subset), in the
+    order the config reference shows them."""
+
+    FAILURE = "failure"  # a job or launch failed: the controller restarts it
+    HANG = "hang"  # ranks stopped progressing: cancelled and restarted
+    RESTART = "restart"
+    KILL = "kill"  # an operator's kill switch stopped the run
+    CRASH_LOOP = "crash_loop"  # restarts without a new checkpoint: stopped
+    STOPPED = "stopped"  # stopped on its own: config error, paused for training health
+    FINISH = "finish"
+    DISK = "disk"  # the next checkpoint does not fit, or state.json cannot be written
+    DISK_LOW = "disk_low"  # the disk is getting full: room for the next save still
+    STRAGGLER = "straggler"
+    HEALTH = "health"  # training-health findings and rollbacks the controller handles
+    POOL = "pool"  # fewer usable nodes than the job's: the next job cannot start
+    SPARES = "spares"  # the next job asks for fewer spares: it starts, with less room
+    DOCTOR = "doctor"  # `runctl doctor` (cron) found a problem: nobody supervises, or it stopped
+
+    def __str__(self) -> str:
+        return self.value
+
+
+SEVERITY: dict[Notice, Severity] = {
+    Notice.FAILURE: Severity.CHAT,
+    Notice.HANG: Severity.CHAT,
+    Notice.RESTART: Severity.CHAT,
+    Notice.KILL: Severity.INFO,
+    Notice.CRASH_LOOP: Severity.PAGE,
+    Notice.STOPPED: Severity.PAGE,
+    Notice.FINISH: Severity.INFO,
+    Notice.DISK: Severity.PAGE,
+    Notice.DISK_LOW: Severity.CHAT,
+    Notice.STRAGGLER: Severity.CHAT,
+    Notice.HEALTH: Severity.CHAT,
+    Notice.POOL: Severity.PAGE,
+    Notice.SPARES: Severity.CHAT,
+    Notice.DOCTOR: Severity.PAGE,
 }
-NOTIFICATION_KINDS = tuple(SEVERITY)
+NOTIFICATION_KINDS = tuple(n.value for n in Notice)
 
 # The statuses a run stops in on its own: a person must look before it trains again.
 NEEDS_A_PERSON = frozenset({RunStatus.CRASH_LOOP, RunStatus.CONFIG_ERROR, RunStatus.PAUSED})
@@ -60,8 +81,8 @@ NEEDS_A_PERSON = frozenset({RunStatus.CRASH_LOOP, RunStatus.CONFIG_ERROR, RunSta
 def severity_of(kind: str) -> Severity:
     """The severity of a notification kind; an unknown kind is a bug, said with the fix."""
     try:
-        return SEVERITY[kind]
-    except KeyError:
+        return SEVERITY[Notice(kind)]
+    except ValueError:
         raise ValueError(
             f"notification kind {kind!r} has no severity: add it to orchestrator/contract/severity.py"
         ) from None

@@ -24,6 +24,7 @@ from orchestrator.contract import exclude as exclude_list
 from orchestrator.contract import failure_events as fev
 from orchestrator.contract import pool_events as pev
 from orchestrator.contract.requests import publish_request, withdraw_request
+from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, JobRecord, Recovery, RunStatus
 from orchestrator.slurm.base import Scheduler
 
@@ -393,7 +394,7 @@ class Applier:
         state.recovering = Recovery(job_id, action.failure_time, now, action.resume_step)
         state.move_to(RunStatus.RESTARTING)
         self.reporter.notify(
-            "restart",
+            Notice.RESTART,
             f"restarting from step {action.resume_step} after {action.cause} in job {action.failed_job_id}: {how}",
             restart.to_dict(),
         )

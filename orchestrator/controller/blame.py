@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.contract import Exclusion
 from orchestrator.contract import failure_events as fev
+from orchestrator.contract.causes import Cause
 from orchestrator.slurm.base import NodeInfo
 
 from .actions import Action, Record
@@ -120,7 +121,7 @@ def spare_the_pool(
     """`affordable` for a hang (blame from marks, however sure): the culprits kept, and the event
     when some were spared. A dead or failed node is evidence of its own: excluded as it is (a short
     pool then releases probations by `exclusions.on_pool_short`, pool.py)."""
-    if failure.cause != "hang":
+    if failure.cause != Cause.HANG:
         return failure.culprits, []
     kept, why = affordable(failure.culprits, slurm_nodes, exclusions, needed=needed, partition=partition)
     if why is None:

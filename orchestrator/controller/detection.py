@@ -47,26 +47,20 @@ exclusion unless other evidence names its node (blame.py).
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.contract import Heartbeat, Mark, Phase
+from orchestrator.contract.causes import Cause
 
 from .liveness import RankView
 from .probe import Verdict
 from .timeouts import PhaseTimeouts
 
 
-class FindingKind(str, enum.Enum):
-    DEAD_RANK = "dead_rank"
-    MISSING_RANK = "missing_rank"
-    HANG = "hang"
-
-
 @dataclass
 class Finding:
-    kind: FindingKind
+    kind: Cause
     rank: int
     host: str
     phase: str
@@ -110,11 +104,11 @@ class Assessment:
 
     @property
     def dead(self) -> list[Finding]:
-        return [f for f in self.findings if f.kind in (FindingKind.DEAD_RANK, FindingKind.MISSING_RANK)]
+        return [f for f in self.findings if f.kind in (Cause.DEAD_RANK, Cause.MISSING_RANK)]
 
     @property
     def hung(self) -> list[Finding]:
-        return [f for f in self.findings if f.kind is FindingKind.HANG]
+        return [f for f in self.findings if f.kind is Cause.HANG]
 
     @property
     def job_wide(self) -> bool:
@@ -234,7 +228,7 @@ def assess(
         if limit > widest_limit:
             widest_limit = limit
         if now - changed > limit and beat.progress_unit != wait:
-            findings.append(Finding(FindingKind.HANG, rank, host, phase.value, step, now - changed, limit))
+            findings.append(Finding(Cause.HANG, rank, host, phase.value, step, now - changed, limit))
     result.silent_hosts = sorted(host for host, age in freshest.items() if age > silent_after)
     if over:
         silent = (
@@ -255,17 +249,15 @@ def assess(
     if silent:
         # A silent rank (a node going down?) is the likely cause of its peers' stall: blame waits
         # until dead_after says it is dead, or it comes back.
-        findings[:] = [f for f in findings if f.kind is not FindingKind.HANG]
+        findings[:] = [f for f in findings if f.kind is not Cause.HANG]
     elif judged and not findings and now - newest_progress > widest_limit:
         for view in judged:
             beat = view.beat
             stalled = now - view.progress_changed
             findings.append(
-                Finding(
-                    FindingKind.HANG, view.rank, beat.host, beat.phase.value, beat.step, stalled, widest_limit
-                )
+                Finding(Cause.HANG, view.rank, beat.host, beat.phase.value, beat.step, stalled, widest_limit)
             )
-    if findings and not silent and all(f.kind is FindingKind.HANG for f in findings):
+    if findings and not silent and all(f.kind is Cause.HANG for f in findings):
         stuck = [(v, limits.get(v.beat.phase, step_limit)) for v in judged]
         stuck = [(v, limit) for v, limit in stuck if now - v.progress_changed > min(limit, widest_limit)]
         result.suspects, result.suspects_why, result.suspects_sure = behind(
@@ -280,9 +272,7 @@ def assess(
         for rank in range(world_size):
             if rank not in views:
                 findings.append(
-                    Finding(
-                        FindingKind.MISSING_RANK, rank, "", Phase.INIT.value, 0, now - job_seen_at, init_limit
-                    )
+                    Finding(Cause.MISSING_RANK, rank, "", Phase.INIT.value, 0, now - job_seen_at, init_limit)
                 )
     return result
 
@@ -336,7 +326,7 @@ def behind(
     return (
         [
             Finding(
-                FindingKind.HANG,
+                Cause.HANG,
                 v.rank,
                 v.beat.host,
                 v.beat.phase.value,
@@ -399,8 +389,6 @@ def _judge_silence(
             stalled = True
             continue
         findings.append(
-            Finding(
-                FindingKind.DEAD_RANK, view.rank, beat.host, beat.phase.value, beat.step, beat_age, dead_after
-            )
+            Finding(Cause.DEAD_RANK, view.rank, beat.host, beat.phase.value, beat.step, beat_age, dead_after)
         )
     return stalled

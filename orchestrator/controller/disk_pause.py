@@ -23,6 +23,7 @@ from typing import Any
 from orchestrator.contract import JobState
 from orchestrator.contract import events as ev
 from orchestrator.contract.disk_space import DiskCheck
+from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, DiskPause, JobRecord, RunStatus
 from orchestrator.views.event_text.disk_words import pause_message
 
@@ -77,7 +78,7 @@ def pause_on_failure(
         ),
         SetDiskPause(pause),
         SetStatus(RunStatus.DISK_FULL),
-        Notify("disk", pause_message(pause, cause), {"mount": pause.mount, "job_id": job_id}),
+        Notify(Notice.DISK, pause_message(pause, cause), {"mount": pause.mount, "job_id": job_id}),
     ]
     return actions
 

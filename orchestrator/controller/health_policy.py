@@ -46,6 +46,7 @@ from orchestrator.contract import (
     StepMetrics,
 )
 from orchestrator.contract import health_events as hev
+from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, RunStatus
 from orchestrator.contract.training_health import (
     CheckpointInfo,
@@ -147,7 +148,7 @@ def _on_findings(
                 )
             ),
             Notify(
-                "health",
+                Notice.HEALTH,
                 f"{finding.message} (policy: {policy})",
                 {"finding": finding.kind, "onset_step": finding.onset_step, "policy": policy},
             ),
@@ -176,7 +177,9 @@ def _on_findings(
                     why=plan.reason, by=CONTROLLER, rollbacks_in_window=plan.rollbacks_in_window
                 )
             ),
-            Notify("health", f"no automatic rollback, pausing the run: {plan.reason}", {"onset_step": onset}),
+            Notify(
+                Notice.HEALTH, f"no automatic rollback, pausing the run: {plan.reason}", {"onset_step": onset}
+            ),
         ]
         why = f"{why}; no automatic rollback: {plan.reason}"
     return [
@@ -235,7 +238,7 @@ def settle(state: ControllerState, jobs: Jobs) -> list[Action]:
         return [
             Stop(
                 RunStatus.PAUSED,
-                "stopped",
+                Notice.STOPPED,
                 "run paused for training health (the trainer saved a checkpoint): read `runctl health`, "
                 "then `runctl resume` or `runctl rollback`",
             )
@@ -243,7 +246,7 @@ def settle(state: ControllerState, jobs: Jobs) -> list[Action]:
     pending = Rollback.from_dict(state.pending_rollback) if state.pending_rollback is not None else None
     if state.status == RunStatus.ROLLING_BACK and not jobs.any_left:
         if pending is None:  # cannot happen through this module; a person decides rather than a guess
-            return [Stop(RunStatus.PAUSED, "stopped", "rolling back without a directive: paused")]
+            return [Stop(RunStatus.PAUSED, Notice.STOPPED, "rolling back without a directive: paused")]
         return [
             PublishDirective(pending),
             WithdrawRequest(KILL_REQUEST),
@@ -312,7 +315,7 @@ def _rollback(
     )
     return [
         _planned(directive, automatic, jobs.running, in_window),
-        Notify("health", message, {"directive_id": directive.id, "to_step": directive.to_step}),
+        Notify(Notice.HEALTH, message, {"directive_id": directive.id, "to_step": directive.to_step}),
         SetPendingRollback(directive),
         *_stop(
             RunStatus.ROLLING_BACK,

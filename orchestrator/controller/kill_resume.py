@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from orchestrator.contract import KILL_REQUEST, NODES_CLEAR_REQUEST, RESUME_REQUEST, OperatorRequest
 from orchestrator.contract import events as ev
+from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, RunStatus
 
 from .actions import (
@@ -107,7 +108,7 @@ def on_requests(
         actions.append(
             Stop(
                 RunStatus.KILLED,
-                "kill",
+                Notice.KILL,
                 f"run stopped by the kill switch: {kill.reason}",
                 by=kill.user,
             )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from orchestrator.contract import Allocation, Heartbeat
 from orchestrator.contract import failure_events as fev
 from orchestrator.contract.rank_output import RankError
+from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
 
 from .actions import Action, Cancel, Exclude, NoteUnhealthyRelayed, Notify, Record, Stop
@@ -36,7 +37,7 @@ def relay_unhealthy(
         NoteUnhealthyRelayed(tuple(f"{job.job_id}:{n}" for n in new)),
         Record(fev.NodesUnhealthy(job_id=job.job_id, nodes=new, excluded=nodes, why_not=why_not)),
         Notify(
-            "failure",
+            Notice.FAILURE,
             f"job {job.job_id}: {len(new)} node(s) failed the health check before launch: "
             + "; ".join(f"{n}: {why}" for n, why in sorted(new.items())[:4]),
             {"job_id": job.job_id, "nodes": sorted(new)},
@@ -64,7 +65,9 @@ def launch_failed(
     if state.status == RunStatus.KILLING:  # the kill switch wins: never relaunch
         return [
             Cancel((job.job_id,), "killed (a launch failed while saving)"),
-            Stop(RunStatus.KILLED, "kill", "run stopped by the kill switch (a launch failed while saving)"),
+            Stop(
+                RunStatus.KILLED, Notice.KILL, "run stopped by the kill switch (a launch failed while saving)"
+            ),
         ], None
     if state.status.stopping:  # a health pause or rollback: never relaunch; health_policy.settle goes on
         return [Cancel((job.job_id,), f"stopped ({state.status.value}; a launch failed while saving)")], None

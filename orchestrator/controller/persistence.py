@@ -15,6 +15,7 @@ import orjson
 from orchestrator.contract import RunPaths
 from orchestrator.contract import events as ev
 from orchestrator.contract.controller_beat import write_beat
+from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, save_state
 
 from .reporter import Reporter
@@ -48,7 +49,7 @@ class Persistence:
             if not self._said_not_saved:
                 self._said_not_saved = True
                 self.reporter.notify(
-                    "disk",
+                    Notice.DISK,
                     f"cannot write {self.paths.state}: {exc}. Free space on the run directory's "
                     "filesystem; the controller keeps supervising from memory",
                     {"error": str(exc)},

@@ -33,7 +33,9 @@ from orchestrator.contract import (
 )
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
+from orchestrator.contract.causes import RESPONSES, Cause, failure_cause
 from orchestrator.contract.rank_output import RankError
+from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
 
 from .actions import Action, Cancel, DumpStacks, Notify, Record, Stop
@@ -67,7 +69,7 @@ def on_findings(
                 Cancel((job.job_id,), "killed (ranks stopped responding while saving)"),
                 Stop(
                     RunStatus.KILLED,
-                    "kill",
+                    Notice.KILL,
                     "run stopped by the kill switch (ranks hung while saving: cancelled)",
                 ),
             ],
@@ -99,11 +101,11 @@ def on_findings(
             )
         return RankFailureVerdict([], None)
     if assessment.job_wide:
-        cause = "job_stall"
+        cause = Cause.JOB_STALL
     elif dead:
-        cause = dead[0].kind.value
+        cause = dead[0].kind
     else:
-        cause = "hang"
+        cause = Cause.HANG
     failure_time = wall_now - max(f.age_seconds for f in findings)
     sample = [f.as_dict() for f in findings[:16]]
     actions: list[Action] = [
@@ -116,15 +118,15 @@ def on_findings(
                 last_step=assessment.max_step,
                 ranks=sample,
                 ranks_affected=len(findings),
-                suspects=[f.as_dict() for f in assessment.suspects[:16]] if cause == "hang" else [],
-                suspects_why=(assessment.suspects_why or None) if cause == "hang" else None,
+                suspects=[f.as_dict() for f in assessment.suspects[:16]] if cause == Cause.HANG else [],
+                suspects_why=(assessment.suspects_why or None) if cause == Cause.HANG else None,
             )
         ),
         Notify(
-            "hang" if cause == "hang" else "failure",
+            RESPONSES[cause].notice,
             f"job {job.job_id}: {cause} of {len(findings)} rank(s), e.g. rank {findings[0].rank} "
             f"on {findings[0].host or '?'}"
-            + (f"; {_named(assessment)}" if cause == "hang" and assessment.suspects_why else ""),
+            + (f"; {_named(assessment)}" if cause == Cause.HANG and assessment.suspects_why else ""),
             {"job_id": job.job_id, "ranks": sample[:8]},
         ),
         DumpStacks(job.job_id),
@@ -217,13 +219,14 @@ def on_job_end(
         # first (the per-incident cap still applies).
         culprits = list(stale_nodes)
     last_step = max((b.step for b in job_beats), default=None)
+    cause = failure_cause(Cause.JOB_FAILED, exit_code, srun_says)
     # SLURM's end time (slurmctld's clock, not a compute node's) is when the job failed.
     failure_time = min(record.ended_at or wall_now, wall_now)
     actions.append(
         Record(
             fev.Failure(
                 job_id=record.job_id,
-                cause="job_failed",
+                cause=cause,
                 exit_code=exit_code,
                 failure_time=failure_time,
                 detection_time=wall_now,
@@ -236,7 +239,7 @@ def on_job_end(
     )
     actions.append(
         Notify(
-            "failure",
+            Notice.FAILURE,
             f"job {record.job_id} failed ({outcome.value}, exit {exit_code}; "
             f"{srun_says or 'no srun detail'}){_said(rank_error)}",
             {"job_id": record.job_id, "exit_code": exit_code, "host": srun_host},
@@ -247,7 +250,7 @@ def on_job_end(
         actions,
         Failure(
             record.job_id,
-            "job_failed",
+            cause,
             failure_time,
             last_step,
             tuple(culprits),
@@ -290,9 +293,10 @@ def on_launch_failed(
     srun_host, srun_says = (
         (allocation.ended.failed_host, allocation.ended.what) if allocation.ended else (None, None)
     )
+    cause = failure_cause(Cause.LAUNCH_FAILED, allocation.exit_code, srun_says)
     detail = fev.Failure(
         job_id=job.job_id,
-        cause="launch_failed",
+        cause=cause,
         launch=allocation.launch,
         exit_code=allocation.exit_code,
         failure_time=failure_time,
@@ -306,7 +310,7 @@ def on_launch_failed(
     actions: list[Action] = [
         Record(detail),
         Notify(
-            "failure",
+            Notice.FAILURE,
             f"job {job.job_id}: launch {allocation.launch} failed (exit {allocation.exit_code}; "
             f"{srun_says or 'no srun detail'}){_said(rank_error)}",
             {"job_id": job.job_id, "exit_code": allocation.exit_code, "host": srun_host},
@@ -314,7 +318,7 @@ def on_launch_failed(
     ]
     failure = Failure(
         job.job_id,
-        "launch_failed",
+        cause,
         failure_time,
         last_step,
         tuple(culprits),

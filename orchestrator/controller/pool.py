@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from orchestrator.contract import Exclusion
 from orchestrator.contract import pool_events as pev
+from orchestrator.contract.causes import Cause
+from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, PoolStatus
 from orchestrator.slurm.base import NodeInfo
 
@@ -67,7 +69,7 @@ def hunches(exclusions: dict[str, Exclusion], excluded: list[str]) -> list[str]:
     by_job: dict[str, list[str]] = {}
     for node in excluded:
         entry = exclusions[node]
-        if entry.cause == "hang" and entry.job_id:
+        if entry.cause == Cause.HANG and entry.job_id:
             by_job.setdefault(entry.job_id, []).append(node)
     shared = [n for nodes in by_job.values() if len(nodes) > 1 for n in nodes]
     return sorted(shared, key=lambda n: (exclusions[n].since or 0.0, n))
@@ -154,7 +156,7 @@ def judge(
                        drained=drained, reserved=reserved, policy=policy)  # fmt: skip
         actions += [
             Record(pev.PoolShort(**details, message=message)),
-            Notify("pool", f"CRITICAL: {message}", details),
+            Notify(Notice.POOL, f"CRITICAL: {message}", details),
         ]
     return actions + ([SetPool(summary)] if summary != state.pool else [])
 
@@ -182,7 +184,7 @@ def _spares_changed(usable: int, nodes: int, spares: int, spares_next: int) -> l
     event = pev.SparesForNextJob(usable=usable, nodes=nodes, spares=spares, spares_next=spares_next)
     return [
         Record(event),
-        Notify("spares", _spares_sentence(usable, nodes, spares, spares_next), event.details()),
+        Notify(Notice.SPARES, _spares_sentence(usable, nodes, spares, spares_next), event.details()),
     ]
 
 

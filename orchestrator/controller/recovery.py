@@ -24,7 +24,9 @@ from typing import Any
 from orchestrator.contract import Allocation, LauncherState
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
+from orchestrator.contract.causes import RESPONSES, Cause
 from orchestrator.contract.checkpoints import CheckpointInfo
+from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, RunStatus
 
 from .actions import Action, Cancel, Exclude, Record, Relaunch, Restart, Stop
@@ -36,7 +38,7 @@ class Failure:
     """One incident, as the policy saw it."""
 
     job_id: str
-    cause: str  # dead_rank, missing_rank, hang, job_stall, job_failed
+    cause: Cause
     failure_time: float  # wall clock of the login node
     last_step: int | None
     culprits: tuple[str, ...] = ()  # node names to blame (before the per-incident cap)
@@ -89,13 +91,14 @@ def plan_restart(
         actions.append(
             Stop(
                 RunStatus.CRASH_LOOP,
-                "crash_loop",
+                Notice.CRASH_LOOP,
                 f"{without_progress} restarts without a new checkpoint (still at step {resume_step}): stopped. "
                 "Look at events.jsonl and jobs/, fix the cause, then `runctl resume`",
             )
         )
         return actions
-    nodes, why_not = culprit_nodes(list(failure.culprits), watchdog.max_excluded_per_incident)
+    blamed = list(failure.culprits) if RESPONSES[failure.cause].blames_nodes else []
+    nodes, why_not = culprit_nodes(blamed, watchdog.max_excluded_per_incident)
     if why_not:
         actions.append(
             Record(

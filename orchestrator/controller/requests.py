@@ -33,8 +33,6 @@ control/rollback:
 - Each file is handled once: the fingerprint (device, inode, size, mtime, ctime, uid) of every
   request already handled is kept in accepted/.intake.json, so a request that stays in control/
   is not re-read, re-audited or re-announced on every pass, nor after a controller restart.
-- control/excluded-nodes.json, where runctl before issue 22 kept the exclude list (group-writable,
-  so never trusted), is quarantined once: the list is now the owner's alone (RunPaths.exclude_list).
 """
 
 from __future__ import annotations
@@ -59,7 +57,7 @@ from orchestrator.contract import (
 from orchestrator.contract import events as ev
 from orchestrator.contract.audit import AuditRecord, write_audit
 from orchestrator.contract.files import atomic_write_json, loads_bounded, read_untrusted, read_untrusted_json
-from orchestrator.contract.operators import User, merge_inbox, operator_basis, quarantine
+from orchestrator.contract.operators import User, operator_basis, quarantine
 from orchestrator.contract.requests import MAX_REQUEST_BYTES, NO_REASON, REQUEST_NAMES
 from orchestrator.contract.textsafe import cap, for_terminal
 
@@ -102,7 +100,7 @@ def _audit(paths: RunPaths, clock: Callable[[], float], **record: Any) -> None:
 
 
 def read_requests(paths: RunPaths, operators: Any, clock: Callable[[], float] = time.time) -> RequestIntake:
-    """One pass over control/ (and the audit inbox); see the module docstring."""
+    """One pass over control/; see the module docstring."""
     intake = RequestIntake()
     paths.accepted.mkdir(mode=0o755, exist_ok=True)
     state = _load_state(paths)
@@ -128,10 +126,8 @@ def read_requests(paths: RunPaths, operators: Any, clock: Callable[[], float] = 
         else:
             state.pop(name, None)
         changed = True
-    changed |= _retire_legacy_exclude_list(paths, state, intake.events, clock)
     if changed:
         _save_state(paths, state)
-    intake.events += merge_inbox(paths, clock)
     return intake
 
 
@@ -224,31 +220,6 @@ def _nodes_details(name: str, body: RequestBody) -> dict[str, Any]:
         return {}
     named = body.nodes or body.bad_nodes
     return {"nodes": "all" if body.all_nodes else [cap(for_terminal(n), 60) for n in named[:32]]}
-
-
-def _retire_legacy_exclude_list(
-    paths: RunPaths, state: dict[str, Any], events: list[ev.Event], clock: Callable[[], float]
-) -> bool:
-    """Quarantine control/excluded-nodes.json (once per file): it was group-writable, so what it
-    says is nobody's word. The exclude list is RunPaths.exclude_list now."""
-    path, key = paths.legacy_exclude_list, "legacy-exclude-list"
-    try:
-        fingerprint = _fingerprint(os.lstat(path))
-    except FileNotFoundError:
-        return state.pop(key, None) is not None
-    if state.get(key) == fingerprint:
-        return False  # could not be moved last time: said once
-    events.append(
-        quarantine(
-            paths,
-            path,
-            f"the exclude list of runctl before issue 22 (group-writable, not trusted); the list is now "
-            f"{paths.exclude_list.name} in the run directory: re-exclude nodes from the evidence if needed",
-            clock,
-        )
-    )
-    state[key] = fingerprint
-    return True
 
 
 def consume(paths: RunPaths, name: str) -> None:

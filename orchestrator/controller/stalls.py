@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.contract import pool_events as pev
+from orchestrator.contract.causes import Cause
 
 from .actions import Action, Exclude, Record
 
@@ -71,6 +72,6 @@ class StallWatch:
             if exclude:
                 why = f"{len(times)} stalls within {self.window / 3600:g} h"
                 actions.append(
-                    Exclude((node,), f"repeated_stalls in job {job_id}: {why}", job_id, "repeated_stalls")
+                    Exclude((node,), f"repeated_stalls in job {job_id}: {why}", job_id, Cause.REPEATED_STALLS)
                 )
         return actions

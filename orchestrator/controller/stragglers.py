@@ -43,6 +43,7 @@ from typing import Any
 
 from orchestrator.contract import Heartbeat, Phase
 from orchestrator.contract import failure_events as fev
+from orchestrator.contract.causes import RESPONSES, Cause
 
 from .actions import Action, Exclude, Notify, Record, SetStragglers
 
@@ -172,7 +173,7 @@ class StragglerScorer:
         }
         if not track.straggler and slow and self._lasted(track.slow_since, track.slow_rounds, now):
             track.straggler = True
-            return Change("straggler", node, details)
+            return Change(Cause.STRAGGLER, node, details)
         if track.straggler and not slow and scored and self._lasted(track.well_since, track.well_rounds, now):
             track.straggler = False
             return Change("straggler_recovered", node, details)
@@ -295,7 +296,10 @@ class StragglerWatch:
                     else "If it stays slow, have it drained (docs/oncall.md, Stragglers)."
                 )
             )
-            actions += [Record(fev.Straggler(**fields)), Notify("straggler", message, fields)]
+            actions += [
+                Record(fev.Straggler(**fields)),
+                Notify(RESPONSES[Cause.STRAGGLER].notice, message, fields),
+            ]
             if self.watchdog.straggler_exclude:
                 actions.append(self._exclusion(change, job.job_id, flagged))
         return actions
@@ -319,7 +323,7 @@ class StragglerWatch:
             return Record(
                 fev.ExclusionCapped(
                     job_id=job_id,
-                    cause="straggler",
+                    cause=Cause.STRAGGLER,
                     nodes=sorted(flagged)[:64],
                     why=f"{len(flagged)} stragglers at once > max_excluded_per_incident "
                     f"({cap}): suspect the job or the network, not the nodes",
@@ -329,4 +333,4 @@ class StragglerWatch:
             f"straggler in job {job_id}: compute {change.details['score']}x its peers/history "
             f"for {change.details['slow_for_seconds']:.0f} s (step {change.details['step']})"  # not a beat or event: the scorer's round details
         )
-        return Exclude((change.node,), reason, job_id, "straggler")
+        return Exclude((change.node,), reason, job_id, Cause.STRAGGLER)

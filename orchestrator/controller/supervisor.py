@@ -59,6 +59,7 @@ from orchestrator.contract.disk_space import DiskCheck, check_disk, what_to_dele
 from orchestrator.contract.files import pass_collection
 from orchestrator.contract.manifest import read_damage_reports
 from orchestrator.contract.operators import check_trust, prepare_permissions
+from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, JobRecord, load_state
 from orchestrator.contract.training_health import assess, history_length, policy_for
 from orchestrator.errors import PermissionDeniedError
@@ -250,7 +251,7 @@ class Controller:
             if type(exc).__name__ not in self._notified_errors:
                 self._notified_errors.add(type(exc).__name__)
                 self.reporter.notify(
-                    "failure",
+                    Notice.FAILURE,
                     f"controller pass failed: {kind}; retrying every {self._pause():.0f} s "
                     "(the run is still supervised)",
                     {"error": kind},

@@ -12,6 +12,7 @@ from orchestrator.contract import failure_events as fev
 from orchestrator.contract.checkpoints import CheckpointInfo
 from orchestrator.contract.disk_space import DiskCheck
 from orchestrator.contract.manifest import DamageReport
+from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, RunStatus
 
 from .actions import Action, FollowRecovery, NoteDamageReportsSeen, Notify, Record, SetDiskLevel, SetStatus
@@ -28,7 +29,7 @@ def trust_lost(job_ids: list[str], problems: list[str]) -> list[Action]:
     return [
         Record(ev.TrustProblem(job_ids=list(job_ids), problems=list(problems))),
         Notify(
-            "failure",
+            Notice.FAILURE,
             f"files the controller trusts are writable by others (seen when job folder(s) {where} appeared): "
             + "; ".join(problems[:3])
             + ("" if len(problems) <= 3 else f"; and {len(problems) - 3} more (runctl events)"),
@@ -126,7 +127,7 @@ def damage_reports(reports: list[DamageReport], seen: int) -> list[Action]:
                 )
             ),
             Notify(
-                "failure",
+                Notice.FAILURE,
                 f"checkpoint {report.checkpoint} is damaged ({problem}); the ranks resumed from an older one",
                 {"checkpoint": report.checkpoint},
             ),
@@ -155,7 +156,7 @@ def disk_level(check: DiskCheck, current: str, paused: bool = False) -> list[Act
     if check.level in ("warning", "critical") and not paused:
         actions.append(
             Notify(
-                "disk" if check.level == "critical" else "disk_low",
+                Notice.DISK if check.level == "critical" else Notice.DISK_LOW,
                 f"disk {check.level}: {check.message()}",
                 {"free_bytes": check.free_bytes},
             )

@@ -2,7 +2,7 @@
 
 submitit pickles the call into <run_dir>/aux/<kind>-<job_id>/<job_id>_submitted.pkl and unpickles
 it inside the job. Loading a pickle can run any code, so whoever can write that folder runs code
-as the owner (issue 22, hole 1). Hence:
+as the owner. Hence:
 
 - aux/ and each job's folder are 0700, and everything in them 0600 (the sbatch script holds the
   exported cluster.env): orchestrator.operate.auxjobs submits under PRIVATE_UMASK, the script's first

@@ -9,7 +9,8 @@ import math
 from fakes import make_config
 
 from orchestrator.contract import Heartbeat, Outcome, classify_end
-from orchestrator.controller.detection import FindingKind, assess, culprit_nodes
+from orchestrator.contract.causes import Cause
+from orchestrator.controller.detection import assess, culprit_nodes
 from orchestrator.controller.liveness import Liveness
 from orchestrator.controller.timeouts import PhaseTimeouts, silent_after
 
@@ -63,7 +64,7 @@ def test_dead_rank_is_detected_by_an_unchanged_beat_even_with_a_clock_an_hour_ah
         a = p.at(i * 0.5, [beat(0, i), frozen, beat(2, i), beat(3, i)])
     assert a.findings == [], "not dead before dead_after"
     a = p.at(2.1, [beat(0, 9), frozen, beat(2, 9), beat(3, 9)])
-    assert [(f.kind, f.rank) for f in a.dead] == [(FindingKind.DEAD_RANK, 1)]
+    assert [(f.kind, f.rank) for f in a.dead] == [(Cause.DEAD_RANK, 1)]
     assert a.dead[0].age_seconds == 2.1
     assert [f.host for f in a.culprits()] == ["node02"]
 
@@ -98,7 +99,7 @@ def test_missing_rank_after_init_timeout_and_other_jobs_ignored():
     for now in (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 12.0, 14.0, 16.0, 18.0, 19.0):
         assert p.at(now, working(int(now))).findings == []
     late = p.at(21.0, working(21))  # init floor 20 s
-    assert [(f.kind, f.rank) for f in late.findings] == [(FindingKind.MISSING_RANK, 3)]
+    assert [(f.kind, f.rank) for f in late.findings] == [(Cause.MISSING_RANK, 3)]
 
 
 def test_requeued_job_old_beats_are_neither_dead_nor_progress():
@@ -252,7 +253,7 @@ def test_a_silent_rank_holds_its_peers_hang_until_it_is_dead_then_it_is_blamed()
                    silent_after=SILENT_AFTER, timeouts=p.t)
         if now <= 10.0:
             assert a.findings == [], f"a verdict at {now} s while rank 3 is silent: {a.findings}"
-    assert [(f.kind, f.rank) for f in a.dead] == [(FindingKind.DEAD_RANK, 3)]
+    assert [(f.kind, f.rank) for f in a.dead] == [(Cause.DEAD_RANK, 3)]
     assert [f.host for f in a.culprits()] == ["node04"], "the dead rank is blamed, not its stalled peers"
 
 
@@ -280,12 +281,12 @@ def test_node_files_a_dead_peer_is_its_own_entry_a_dead_gatherer_is_its_whole_no
     at(0.0, node("node01", (0, 1), 1), node("node02", (2, 3), 1))
     for i in range(2, 8):  # node01's rank 1 froze (from 1.0 s); node01's file and node02 move on
         a = at(i * 0.5, node("node01", (0, 1), i, frozen=(1,)), node("node02", (2, 3), i))
-    assert [(f.kind, f.rank) for f in a.findings] == [(FindingKind.DEAD_RANK, 1)] and a.culprits()[0].host == "node01"
+    assert [(f.kind, f.rank) for f in a.findings] == [(Cause.DEAD_RANK, 1)] and a.culprits()[0].host == "node01"
     reader, live, t = HeartbeatReader(tmp_path), Liveness(SILENT_AFTER), timeouts()  # a fresh controller
     at(10.0, node("node01", (0, 1), 20), node("node02", (2, 3), 20))
     for i in range(21, 26):  # node02's file is never written again (its writer is gone)
         a = at(10.0 + (i - 20) * 0.5, node("node01", (0, 1), i))
-    assert sorted((f.kind, f.rank) for f in a.findings) == [(FindingKind.DEAD_RANK, 2), (FindingKind.DEAD_RANK, 3)]
+    assert sorted((f.kind, f.rank) for f in a.findings) == [(Cause.DEAD_RANK, 2), (Cause.DEAD_RANK, 3)]
 
 
 def test_a_stall_is_not_a_death_where_the_node_cannot_be_lost():

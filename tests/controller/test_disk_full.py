@@ -1,4 +1,4 @@
-"""A full disk that heals (issue 21, part 6).
+"""A full disk that heals.
 
 - The pause rules (disk_pause.py) on plain data: a failure while the next checkpoint does not fit
   pauses (cancel, hold, one event, one notification, no restart, no exclusion); a fit resumes.

@@ -1,4 +1,4 @@
-"""A full disk that heals, on the real local SLURM cluster with the real trainer (issue 21, part 6).
+"""A full disk that heals, on the real local SLURM cluster with the real trainer.
 
 The checkpoint folder is a small tmpfs of its own. After the step-4 checkpoint, the filesystem is
 sized to hold 1.3 checkpoints more, and another writer fills it to half a checkpoint: the

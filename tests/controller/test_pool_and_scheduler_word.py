@@ -32,7 +32,7 @@ from orchestrator.slurm.node_query import nodes_from_json, nodes_from_text  # no
 from orchestrator.slurm.real import SlurmScheduler  # noqa: E402
 from orchestrator.slurm.render import render_sbatch  # noqa: E402
 
-# What Slurm 22.05's `squeue --json` printed, exit 0, with slurmctld SIGSTOPped (issue 21).
+# What Slurm 22.05's `squeue --json` printed, exit 0, with slurmctld SIGSTOPped.
 SQUEUE_OUTAGE = {"meta": {"Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}}},
                  "errors": [{"error": "Unable to contact slurm controller (connect failure)", "errno": 1007,
                              "source": "slurm_load_jobs"}], "jobs": []}  # fmt: skip

@@ -2,9 +2,10 @@
 status, events), as an operator drives it:
 - the shipped configs/tiny-cpu.yaml, unchanged, trains to its end: its `python:` is the checkout's
   venv as written (a venv's bin/python resolved to the base interpreter had no torch);
-- a rank that raises: its exception's line (not srun's `Exited with exit code 1`) is in the
-  failure event, in `status` and in `events`; the job was submitted with a site's mail options
-  (`mail-type: END,FAIL`, `mail-user`), which slurmctld took as given.
+- a rank that runs out of memory (MemoryError): its exception's line (not srun's `Exited with exit
+  code 21`) is in the failure event, in `status` and in `events`; the cause is out_of_memory and
+  the restart excludes no node; the job was submitted with a site's mail options (`mail-type:
+  END,FAIL`, `mail-user`), which slurmctld took as given.
 """
 
 from __future__ import annotations
@@ -67,14 +68,14 @@ def test_the_shipped_tiny_cpu_config_trains_to_its_end_with_the_venv_it_names(cl
     assert last["step"] == 200, "1600 samples at a global batch of 8"
 
 
-def test_a_raising_rank_shows_its_own_error_and_the_mail_options_reach_slurm(cluster_env, tmp_path, capsys):
+def test_a_rank_out_of_memory_shows_its_error_blames_no_node_and_mail_options_reach_slurm(cluster_env, tmp_path, capsys):
     config, _ = one_rank_config(tmp_path)
     config["cluster"]["extra_sbatch"] = {"mail-type": "END,FAIL", "mail-user": "oncall@example.org"}
     path = write_config(tmp_path, config, "raises.yaml")
     run_dir = tmp_path / "run"
     try:
         with pytest.MonkeyPatch.context() as env:
-            env.setenv("TRAINER_FAULT", "raise@step2")  # a test's environment, never a config's
+            env.setenv("TRAINER_FAULT", "oom@step2")  # a test's environment, never a config's
             assert main(["submit", path, "--run-dir", str(run_dir)]) == 0, capsys.readouterr().err
             paths = RunPaths.of(run_dir)
             first_job = read_submissions(paths.submissions)[0].job_id
@@ -82,23 +83,26 @@ def test_a_raising_rank_shows_its_own_error_and_the_mail_options_reach_slurm(clu
                                    env=cluster_env.slurm_env()).stdout  # fmt: skip
             assert "MailUser=oncall@example.org" in shown and "MailType=END,FAIL" in shown, shown
 
-            def failed(_status: str) -> bool:
-                return any(e.get("event") == "failure" for e in read_jsonl(paths.events))
+            def restarted(_status: str) -> bool:
+                return any(e.get("event") == "restart" for e in read_jsonl(paths.events))
 
-            watch_until(run_dir, capsys, 240, failed)
+            watch_until(run_dir, capsys, 240, restarted)
     finally:
         name = run_job_name("demo-cpu-4node", str(run_dir))
         subprocess.run(["scancel", "--name", name], env=cluster_env.slurm_env(), check=False)
     failures = [e for e in read_jsonl(paths.events) if e.get("event") == "failure"]
     output = "".join(p.read_text(errors="replace")[-3000:] for p in paths.jobs.glob("slurm-*.out"))
     assert failures, output
-    said = "rank 0: RuntimeError: TEST FAULT raise at step 2 on rank 0"
+    said = "rank 0: MemoryError: TEST FAULT oom at step 2 on rank 0"
     print(failures[0])
+    assert failures[0]["cause"] == "out_of_memory" and failures[0]["exit_code"] == 21, failures[0]
     assert failures[0]["rank_error"] == said
+    # Out of memory is the job's, not the node's: restarted with no node excluded.
+    assert not paths.exclude_list.exists() or not json.loads(paths.exclude_list.read_text()).get("nodes")
     assert failures[0]["rank_error_lines"][0] == "Traceback (most recent call last):"
     assert main(["status", str(run_dir)]) == 0
     status_screen = capsys.readouterr().out
     print(status_screen)
-    assert "RuntimeError: TEST FAULT raise at step 2" in status_screen
+    assert "MemoryError: TEST FAULT oom at step 2" in status_screen and "a rank out of memory" in status_screen
     assert main(["events", str(run_dir), "--type", "failure"]) == 0
     assert said in capsys.readouterr().out

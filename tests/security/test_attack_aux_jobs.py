@@ -1,4 +1,4 @@
-"""Holes 1 and 8 of issue 22: the pickles and scripts of aux jobs (`runctl eval` and the others,
+"""The pickles and scripts of aux jobs (`runctl eval` and the others,
 through submitit), attacked by an operator of the team while the owner works under umask 002 in a
 setgid team directory.
 

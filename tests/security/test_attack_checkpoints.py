@@ -1,4 +1,4 @@
-"""Hole 3 of issue 22, its last part: checkpoints written during a run, later loaded with pickle
+"""Checkpoints written during a run, later loaded with pickle
 (DeepSpeed's torch.load(weights_only=False)), in a checkpoint folder an operator could write (a
 save under the owner's umask 002 in a setgid project tree, by an older job script).
 

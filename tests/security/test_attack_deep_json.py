@@ -1,4 +1,4 @@
-"""Hole 4 of issue 22: deeply nested JSON from an operator, and passes that keep failing.
+"""Deeply nested JSON from an operator, and passes that keep failing.
 
 `[` x 4000 in control/kill raised RecursionError, which readers catching only ValueError missed:
 every pass failed, the kill was never acted on, and `runctl doctor` still called the controller

@@ -1,4 +1,4 @@
-"""Holes 5 and 6 of issue 22: the exclude list and its lock, attacked by an operator of the team.
+"""The exclude list and its lock, attacked by an operator of the team.
 
 - Hole 5: the list was control/excluded-nodes.json, 0660: an operator rewrote it in place (the
   file kept the owner's st_uid), unseen and unaudited, and every later job excluded what they

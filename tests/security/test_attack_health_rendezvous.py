@@ -1,4 +1,4 @@
-"""Hole 7 of issue 22: the health check's rendezvous store (a TCPStore) accepted anyone on the
+"""The health check's rendezvous store (a TCPStore) accepted anyone on the
 node, and one `delete_key("reg/2")` by another user made a good node look unhealthy.
 
 The ranks are the real all-reduce check (trainer.health.rendezvous.check_allreduce: TCPStore,

@@ -1,4 +1,4 @@
-"""Holes 5 (terminals, webhook URL) and 6 (smaller holes) of issue 12, through the real entry
+"""Terminals, the webhook URL and smaller holes, through the real entry
 points: `runctl events --audit`, `runctl nodes`, the live view, notify, render_sbatch,
 verify_manifest, load_config, the exclude list and `runctl cluster up`."""
 

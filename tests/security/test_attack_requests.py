@@ -1,4 +1,4 @@
-"""Holes 1, 3 and 4 of issue 12: what operators and other users drop in control/ and audit-inbox/.
+"""What operators and other users drop in control/.
 
 Each test plays the attack as the attacking Unix user, then runs the controller's request intake
 (orchestrator.controller.requests.read_requests) as the owner, and checks that the attack was
@@ -181,48 +181,6 @@ def test_fifo_and_oversized_request_do_not_block_and_are_handled_once(team, shar
     got = intake(team, paths)  # as_user fails the test if this blocks
     assert got.requests == {} and len([e for e in got.events if e.KIND == "quarantined"]) == 2
     assert intake(team, paths).events == [], "handled once, not on every pass"
-
-
-def test_audit_inbox_forgeries_fifos_lists_and_links(team, shared_run):
-    """Hole 3: audit-inbox/ (1733) took files from any local user. New runs have none and a
-    non-operator cannot even reach the run; an inbox left by an older version is drained safely."""
-    paths = shared_run()
-    rc, out = runctl_as(team.outsider, ["kill", str(paths.root), "--reason", "I want the GPUs"])
-    assert rc == EXIT_PERMISSION and "Traceback" not in out, out
-    assert not (paths.root / "audit-inbox").exists()
-    result, _ = as_user(team.outsider, lambda: os.listdir(paths.root))
-    assert isinstance(result, PermissionError), "the run root must be closed to non-operators"
-
-    # An older run directory: world-traversable root and a 1733 inbox.
-    inbox = paths.root / "audit-inbox"
-    inbox.mkdir()
-    os.chmod(inbox, 0o1733)
-    os.chown(inbox, uid(team.owner), -1)
-    os.chmod(paths.root, 0o2755)
-    secret = owner_secret(team, paths)
-
-    def plant():
-        (inbox / "forged.json").write_text(
-            json.dumps({"user": team.oncall, "action": "kill", "allowed": True})
-        )
-        os.mkfifo(inbox / "fifo")
-        (inbox / "list.json").write_text("[1, 2, 3]")
-        (inbox / "garbage").write_bytes(b"\xff\x00 not json")
-        os.symlink(secret, inbox / "link.json")
-
-    as_user(team.outsider, plant)
-    got = intake(team, paths)
-    records = read_audit(paths)
-    assert [(r.user, r.allowed, r.action) for r in records] == [(team.outsider, False, "kill")], (
-        records
-    )
-    assert SECRET not in audit_text(paths)
-    assert os.listdir(inbox) == [], "every inbox file handled once (recorded or quarantined)"
-    assert len([e for e in got.events if e.KIND == "quarantined"]) == 4
-    assert intake(team, paths).events == []
-    (paths.audit.open("a")).write("[1, 2]\n")  # a list line must not crash the reader either
-    rc, out = runctl_as(team.oncall, ["events", str(paths.root), "--audit"])
-    assert rc == 0 and "Traceback" not in out and "REFUSED" in out, out
 
 
 def test_listed_user_outside_the_group_gets_a_fix_not_a_traceback(team, shared_run):

@@ -13,7 +13,6 @@ Readers (where the file sits; what may escape):
     controller.requests.read_requests  control/kill, nodes-clear   nothing
     contract.requests.read_accepted    accepted/kill               nothing
     controller.exclude.read_excluded   excluded-nodes.json         nothing
-    operators.merge_inbox              audit-inbox/                nothing
     aux_files.read_result              aux/<kind>-<id>/            AuxResultError
     the launcher's health results      jobs/<id>/health/<node>.json  nothing
     contract.directive.read_rollback   accepted/rollback           DirectiveError
@@ -62,7 +61,6 @@ from orchestrator.contract.allocation import StandbyGo, read_standby_go
 from orchestrator.contract.directive import DirectiveError, Rollback, read_rollback
 from orchestrator.contract.exclude import read_excluded
 from orchestrator.contract.manifest import FileEntry
-from orchestrator.contract.operators import merge_inbox
 from orchestrator.contract.requests import read_accepted
 from orchestrator.controller.requests import read_requests
 from orchestrator.controller.stacks import collect_stacks
@@ -124,7 +122,6 @@ READERS = [
            valid=REQUEST.to_dict()),
     Reader("read_excluded", lambda p: p.exclude_list, read_excluded,
            valid={"nodes": {"node01": {"since": 1.0, "reason": "x", "by": "controller"}}}),
-    Reader("merge_inbox", lambda p: p.audit_inbox / "x", merge_inbox, valid={"action": "kill", "reason": "x"}),
     Reader("aux read_result", lambda p: result_json(_aux_job(p)), lambda p: read_result(_aux_job(p)),
            (AuxResultError,), {"status": "success", "result": {"loss": 1.0}}),
     Reader("launcher health result", lambda p: p.health("7") / "node01.json", _health_result,
@@ -178,7 +175,7 @@ def mutated(valid: dict[str, Any]) -> st.SearchStrategy[bytes]:
 def prepared_run(base: Path) -> RunPaths:
     """A run directory with the folders the readers look in (aux/ owner-only, as the aux check wants)."""
     paths = RunPaths.of(base / "run")
-    for folder in (paths.root, paths.control, paths.accepted, paths.heartbeats, paths.audit_inbox, paths.jobs):
+    for folder in (paths.root, paths.control, paths.accepted, paths.heartbeats, paths.jobs):
         folder.mkdir(mode=0o755, exist_ok=True)
     for folder in (paths.aux, _aux_job(paths).folder):
         folder.mkdir(mode=0o700)

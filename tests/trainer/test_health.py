@@ -1,4 +1,4 @@
-"""Node health checks before launch (`python -m trainer.health`, issue 13 part 3).
+"""Node health checks before launch (`python -m trainer.health`).
 
 Unit tests of each check on real files and a fake `nvidia-smi` on PATH; the attribution rule of
 the all-reduce with real processes; and the real command as one srun step over the 4 nodes of

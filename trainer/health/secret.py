@@ -2,7 +2,7 @@
 
 A TCPStore has no authentication: anyone with a shell on a node of the job can connect to rank 0's
 port (its number is predictable, rendezvous.health_port) and get, set or delete keys. One
-`delete_key("reg/2")` by another user made a good node look unhealthy (issue 22, hole 7). So every
+`delete_key("reg/2")` by another user made a good node look unhealthy. So every
 key lives under "health/<token>/" (a PrefixStore), where <token> is 128 random bits that only the
 job's owner can read:
 

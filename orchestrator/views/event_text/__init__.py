@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from orchestrator.views.event_text.registry import SENTENCES, sentence
 from orchestrator.views.event_text.words import (
-    CAUSE_WORDS,
     OUTCOME_WORDS,
     clock,
     duration,
@@ -28,7 +27,6 @@ from orchestrator.views.event_text.words import (
 from . import aux_sentences, health_pool_sentences, operator_sentences, run_sentences  # noqa: F401
 
 __all__ = [
-    "CAUSE_WORDS",
     "OUTCOME_WORDS",
     "SENTENCES",
     "clock",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from orchestrator.contract import health_events as hev
 from orchestrator.contract import pool_events as pev
+from orchestrator.contract.causes import cause_words
 from orchestrator.views.event_text.registry import says
 from orchestrator.views.event_text.words import (
     _by,
-    _cause,
     _g,
     _job,
     _n,
@@ -84,7 +84,7 @@ def _(e: pev.JobNotListed) -> str:
 def _(e: pev.NodeLeftToSlurm) -> str:
     why = f" ({e.slurm_reason})" if e.slurm_reason else ""
     return (
-        f"{e.node} not excluded after {_cause(e.cause)} in job {e.job_id}: SLURM already has it "
+        f"{e.node} not excluded after {cause_words(e.cause)} in job {e.job_id}: SLURM already has it "
         f"{e.slurm_state}{why}; SLURM's admins return it"
     )
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from orchestrator.contract import events as ev
+from orchestrator.contract.causes import cause_words
 from orchestrator.views.event_text.registry import says
-from orchestrator.views.event_text.words import _by, _cause, _n, _reason, _step, duration, size
+from orchestrator.views.event_text.words import _by, _n, _reason, _step, duration, size
 
 
 # -- checkpoints and disk ---------------------------------------------------------------------------
@@ -28,7 +29,7 @@ def _(e: ev.Disk) -> str:
 
 @says(ev.DiskFullPaused)
 def _(e: ev.DiskFullPaused) -> str:
-    seen = f" after {_cause(e.cause)} in job {e.job_id}" if e.job_id else ""
+    seen = f" after {cause_words(e.cause)} in job {e.job_id}" if e.job_id else ""
     paths = [str(item["path"]) for item in e.to_delete if isinstance(item, dict) and item.get("path")]
     more = " and more" if len(paths) > 3 else ""
     advice = f"; to make room delete {', '.join(paths[:3])}{more}" if paths else ""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
+from orchestrator.contract.causes import Cause, cause_words
 from orchestrator.views.event_text.registry import says
-from orchestrator.views.event_text.words import _by, _cause, _n, duration, hosts, outcome_words
+from orchestrator.views.event_text.words import _by, _n, duration, hosts, outcome_words
 
 
 # -- the controller itself ------------------------------------------------------------------------
@@ -153,29 +154,29 @@ def _suspects(e: fev.Failure) -> str:
 def _(e: fev.Failure) -> str:
     where, age, limit = _findings(e)
     at = f" at step {e.last_step}" if e.last_step is not None else ""
-    if e.cause == "dead_rank":
+    if e.cause == Cause.DEAD_RANK:
         return (
             f"{where or _ranks(e)} lost in job {e.job_id}{at} (no beat for {duration(age)}, "
             f"dead after {duration(limit)}; {_ranks(e)})"
         )
-    if e.cause == "missing_rank":
+    if e.cause == Cause.MISSING_RANK:
         return f"job {e.job_id}: {_ranks(e)} never beat{f' on {where}' if where else ''} within {duration(limit)}"
-    if e.cause == "hang":
+    if e.cause == Cause.HANG:
         return (
             f"job {e.job_id} hung{at}: {_ranks(e)}{f' on {where}' if where else ''} made no progress "
             f"for {duration(age)} (limit {duration(limit)}){_suspects(e)}"
         )
-    if e.cause == "job_stall":
+    if e.cause == Cause.JOB_STALL:
         return f"job {e.job_id} stalled{at}: {_ranks(e)} stopped at once (the job, not a node, is suspected)"
     code = f"exit {e.exit_code}" if e.exit_code is not None else "no exit code"
     srun = f"; srun: {e.srun_says}" if e.srun_says else ""
     srun += f"; {e.rank_error}" if e.rank_error else ""
     on = f" on {e.host}" if e.host else ""
-    if e.cause == "launch_failed":
+    if e.cause == Cause.LAUNCH_FAILED:
         launch = f"launch {e.launch}" if e.launch is not None else "a launch"  # 0: the first
         nodes = f" (nodes {hosts(e.nodes)})" if e.nodes else ""
         return f"{launch} of job {e.job_id} failed{on}{at} ({code}){nodes}{srun}"
-    return f"job {e.job_id} failed{on}{at} ({_cause(e.cause)}, {code}){srun}"
+    return f"job {e.job_id} failed{on}{at} ({cause_words(e.cause)}, {code}){srun}"
 
 
 @says(fev.Restart)
@@ -185,7 +186,7 @@ def _(e: fev.Restart) -> str:
     lost = f", {e.work_lost_steps} step(s) lost" if e.work_lost_steps else ""
     # The controller's `how` of a relaunch starts with where it happens, said already.
     how = e.how.removeprefix(f"inside job {e.job_id}: ")
-    return f"restarting {where} from step {_n(e.resume_step)} after {_cause(e.cause)}{failed}{lost}" + (
+    return f"restarting {where} from step {_n(e.resume_step)} after {cause_words(e.cause)}{failed}{lost}" + (
         f"; {how}" if how else ""
     )
 
@@ -210,12 +211,12 @@ def _(e: fev.NodeProbed) -> str:
 
 @says(fev.ExclusionCapped)
 def _(e: fev.ExclusionCapped) -> str:
-    return f"not excluding {hosts(e.nodes)} after {_cause(e.cause)} in job {e.job_id}: {e.why}"
+    return f"not excluding {hosts(e.nodes)} after {cause_words(e.cause)} in job {e.job_id}: {e.why}"
 
 
 @says(fev.NodesExcluded)
 def _(e: fev.NodesExcluded) -> str:
-    return f"excluded {hosts(e.nodes)} after {_cause(e.cause)} in job {e.job_id} (excluded now: {hosts(e.excluded)})"
+    return f"excluded {hosts(e.nodes)} after {cause_words(e.cause)} in job {e.job_id} (excluded now: {hosts(e.excluded)})"
 
 
 @says(fev.ExcludeFailed)

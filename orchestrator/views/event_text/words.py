@@ -9,14 +9,6 @@ from collections.abc import Iterable
 from orchestrator.contract.codes import ExitCode, Outcome
 
 # A failure's cause (the `cause` of failure, restart and exclusion events), in words.
-CAUSE_WORDS = {
-    "dead_rank": "a lost node",
-    "missing_rank": "ranks that never beat",
-    "hang": "a hang",
-    "job_stall": "a job-wide stall",
-    "job_failed": "a failed job",
-    "launch_failed": "a failed launch",
-}
 # What an ended job means for the run, in words (the job table and `job_ended`).
 OUTCOME_WORDS = {
     Outcome.FINISHED.value: "finished training",
@@ -93,10 +85,6 @@ def _by(user: str | None) -> str:
 
 def _reason(reason: str | None) -> str:
     return f": {reason}" if reason else ""
-
-
-def _cause(cause: str) -> str:
-    return CAUSE_WORDS.get(cause, cause)
 
 
 def _n(value: object) -> str:
