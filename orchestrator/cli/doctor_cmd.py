@@ -99,13 +99,13 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 def _restart(run_root):
     from orchestrator.contract.controller_lock import lock_holder  # noqa: PLC0415
-    from orchestrator.views.doctor import Finding  # noqa: PLC0415
+    from orchestrator.views.doctor import DoctorFinding  # noqa: PLC0415
 
     if os.geteuid() != run_root.stat().st_uid:
-        return Finding("restart", False, "not restarted: only the run's owner may start its controller")
+        return DoctorFinding("restart", False, "not restarted: only the run's owner may start its controller")
     holder = lock_holder(run_root)
     if holder:
-        return Finding(
+        return DoctorFinding(
             "restart", False,
             f"not restarted: pid {holder.get('pid')} on {holder.get('host')} still holds the run's lock "
             "(a hung controller): kill it there, then run the doctor again",
@@ -115,7 +115,7 @@ def _restart(run_root):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     if proc.returncode != 0:
-        return Finding(
+        return DoctorFinding(
             "restart", False, f"`runctl watch --detach` failed: {(proc.stderr or proc.stdout).strip()[:300]}"
         )
-    return Finding("restart", True, f"controller restarted: {proc.stdout.strip()}")
+    return DoctorFinding("restart", True, f"controller restarted: {proc.stdout.strip()}")

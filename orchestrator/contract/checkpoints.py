@@ -122,7 +122,7 @@ def resume_point(
     return None, skipped
 
 
-def rollback_candidates(directory: Path) -> list[training_health.CheckpointInfo]:
+def rollback_candidates(directory: Path) -> list[training_health.RollbackCandidate]:
     """Every complete checkpoint with its data position (its trainer_state.json), for the rollback
     planner: verified = its manifest and sizes check and the ranks never reported it damaged (the
     same cheap check as resume_point; the ranks verify the hashes and the probe when they load
@@ -141,5 +141,5 @@ def rollback_candidates(directory: Path) -> list[training_health.CheckpointInfo]
         if state is None:
             continue
         verified = not problems and info.path.name not in damaged
-        out.append(training_health.CheckpointInfo(info.step, state.consumed_samples, verified))
+        out.append(training_health.RollbackCandidate(info.step, state.consumed_samples, verified))
     return out

@@ -77,7 +77,7 @@ KINDS = (LOSS_SPIKE, GRAD_NORM_EXPLOSION, SKIP_STORM, DIVERGENCE)
 
 
 @dataclass(frozen=True)
-class HealthFinding:
+class TrainingFinding:
     kind: str
     onset_step: int  # the first step of the episode (a rollback goes back before it)
     step: int  # the step at which the rule was met
@@ -240,7 +240,7 @@ class _OpenRun:
     peak: float
 
 
-def loss_spikes(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> list[HealthFinding]:
+def loss_spikes(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> list[TrainingFinding]:
     valid = [r for r in records if _valid(r)]
     steps, losses = [r.step for r in valid], [float(r.loss) for r in valid]
     episodes = _episodes(
@@ -257,7 +257,7 @@ def loss_spikes(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> li
         judged = e.judgement()
         threshold = judged.trend + judged.margin
         out.append(
-            HealthFinding(
+            TrainingFinding(
                 LOSS_SPIKE,
                 e.onset,
                 e.met,
@@ -286,7 +286,7 @@ def _spreads_words(judged: TrendJudgement) -> str:
     return f"{judged.spreads:.3g} residual spreads of {judged.spread:.3g}"
 
 
-def grad_norm_explosions(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> list[HealthFinding]:
+def grad_norm_explosions(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> list[TrainingFinding]:
     """Judged on log(grad norm): grad norms are skewed (log-normal-like), and a trend of the logs is
     a trend of ratios, so "12x its trend" reads at once."""
     valid = [r for r in records if not r.skipped and _finite(r.grad_norm) and r.grad_norm > 0]
@@ -310,7 +310,7 @@ def grad_norm_explosions(records: Sequence[StepMetrics], cfg, since_step: int = 
         )
         ratio = value / trend
         out.append(
-            HealthFinding(
+            TrainingFinding(
                 GRAD_NORM_EXPLOSION,
                 e.onset,
                 e.met,
@@ -329,7 +329,7 @@ def grad_norm_explosions(records: Sequence[StepMetrics], cfg, since_step: int = 
     return out
 
 
-def skip_storms(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> list[HealthFinding]:
+def skip_storms(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> list[TrainingFinding]:
     window, allowed = cfg.skip_storm_window, cfg.skip_storm_max
     out, in_storm = [], False
     skipped_steps: deque[int] = deque()  # the skipped steps in the window
@@ -344,7 +344,7 @@ def skip_storms(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> li
             in_storm = True
             if step > since_step:
                 out.append(
-                    HealthFinding(
+                    TrainingFinding(
                         SKIP_STORM,
                         skipped_steps[0],
                         step,
@@ -374,7 +374,7 @@ def _rise(fit: TrendFit) -> float:
     return fit.window_slope * (last - first)
 
 
-def divergence(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> list[HealthFinding]:
+def divergence(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> list[TrainingFinding]:
     """Judged at the end of the lineage; not new when the rule already held at since_step."""
     valid = [r for r in records if _valid(r)]
     fit = _window_trend(valid, cfg.divergence_window)
@@ -394,7 +394,7 @@ def divergence(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> lis
         start, first, fit.window_slope, fit.spread, cfg.divergence_min_rise, spreads, fit.window_steps
     )
     return [
-        HealthFinding(
+        TrainingFinding(
             DIVERGENCE,
             onset,
             last,
@@ -410,7 +410,7 @@ def divergence(records: Sequence[StepMetrics], cfg, since_step: int = -1) -> lis
     ]
 
 
-def assess(records: Iterable[StepMetrics], cfg, since_step: int = -1) -> list[HealthFinding]:
+def assess(records: Iterable[StepMetrics], cfg, since_step: int = -1) -> list[TrainingFinding]:
     """Every finding of the lineage of `records` whose rule was met after `since_step`, by onset."""
     history = lineage(records)
     found = [
@@ -430,14 +430,14 @@ def history_length(cfg) -> int:
     return 2 * max(windows) + cfg.rollback_margin_steps
 
 
-def policy_for(finding: HealthFinding, cfg) -> str:
+def policy_for(finding: TrainingFinding, cfg) -> str:
     """notify | pause | rollback: the config's policy for this kind of finding."""
     return getattr(cfg.policy, finding.kind)
 
 
 # -- the rollback planner ---------------------------------------------------------------------
 @dataclass(frozen=True)
-class CheckpointInfo:
+class RollbackCandidate:
     step: int
     consumed_samples: int
     verified: bool  # its manifest verifies and it was never reported damaged
@@ -486,7 +486,7 @@ def rollbacks_in_window(rollback_times: Iterable[float], now: float, hours: floa
 
 def plan_rollback(
     onset_step: int,
-    checkpoints: Iterable[CheckpointInfo],
+    checkpoints: Iterable[RollbackCandidate],
     records: Iterable[StepMetrics],
     cfg,
     rollback_times: Iterable[float],

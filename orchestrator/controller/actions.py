@@ -10,7 +10,7 @@ exactly the code that runs on a login node.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from orchestrator.contract.directive import Rollback
@@ -83,7 +83,7 @@ class ClearExclusions:
 
 
 @dataclass(frozen=True)
-class Restart:
+class RestartRun:
     """Run again from `resume_step`: the queued successor with the new exclude list, or a new job."""
 
     failed_job_id: str
@@ -96,7 +96,7 @@ class Restart:
 
 
 @dataclass(frozen=True)
-class Relaunch(Restart):
+class Relaunch(RestartRun):
     """Run again from `resume_step` inside the running job: the launcher leaves out `leave_out`
     (maybe none), takes as many spares and starts launch `launch` + 1 (contract.allocation)."""
 
@@ -123,11 +123,6 @@ class Stop:
 @dataclass(frozen=True)
 class SetStatus:
     status: RunStatus
-
-
-@dataclass(frozen=True)
-class ResetProgressCounter:
-    """`runctl resume` forgives the restarts counted towards a crash loop."""
 
 
 @dataclass(frozen=True)
@@ -200,74 +195,42 @@ class FollowRecovery:
     trained_seconds: float = 0.0
 
 
-@dataclass(frozen=True)
-class NoteUnhealthyRelayed:
-    keys: tuple[str, ...]  # "<job>:<node>"
+class _Keep:
+    """A field of ChangeState left as it is."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP: Any = _Keep()
 
 
 @dataclass(frozen=True)
-class NoteDamageReportsSeen:
-    count: int
+class ChangeState:
+    """state.json's own bookkeeping from one decision: every field given is set as it is (a
+    rollback directive as its dict), the others are KEEP."""
 
+    disk_level: str = KEEP
+    disk_pause: DiskPause | None = KEEP  # None: the pause is over
+    pool: PoolStatus = KEEP  # pool.py's summary: what `runctl status` and `doctor` show
+    stragglers: dict[str, Any] = KEEP  # stragglers.StragglerScorer.summary, for `runctl status`
+    metrics_offset: int = KEEP  # metrics.jsonl judged up to this byte (a restarted controller goes on)
+    pending_rollback: Rollback | None = KEEP  # the directive to write once the stopping job is gone
+    rollback_awaited: str | None = KEEP  # the directive whose application rank 0 should report
+    # After a rollback to step S: metrics.jsonl's new history starts at or before S + 1; None once it has.
+    new_history_by_step: int | None = KEEP
+    restarts_without_progress: int = KEEP  # 0: `runctl resume` or a rollback forgives the crash-loop count
+    unhealthy_relayed: list[str] = KEEP  # "<job>:<node>" of the launcher's unhealthy nodes already said
+    damage_reports_seen: int = KEEP  # the trainer's damage reports already said
+    rollback_times: list[float] = KEEP  # the automatic rollbacks' times, counted by the budget
 
-@dataclass(frozen=True)
-class SetDiskLevel:
-    level: str
-
-
-@dataclass(frozen=True)
-class SetPool:
-    status: PoolStatus  # state.json's `pool` (pool.py): what `runctl status` and `doctor` show
-
-
-@dataclass(frozen=True)
-class SetDiskPause:
-    pause: DiskPause | None  # None: the pause is over
-
-
-@dataclass(frozen=True)
-class SetStragglers:
-    summary: dict[str, Any]  # what `runctl status` shows (stragglers.StragglerScorer.summary)
-
-
-@dataclass(frozen=True)
-class NoteMetricsRead:
-    """metrics.jsonl is judged up to this byte (a restarted controller goes on from there)."""
-
-    offset: int
-
-
-@dataclass(frozen=True)
-class NoteRollback:
-    """An automatic rollback at this time (the controller's clock): counted by the budget."""
-
-    time: float
-
-
-@dataclass(frozen=True)
-class SetPendingRollback:
-    """The directive to write once the stopping job is gone (None: none)."""
-
-    directive: Rollback | None
-
-
-@dataclass(frozen=True)
-class NoteRollbackAwaited:
-    """The directive whose application rank 0 should report (None: none awaited)."""
-
-    directive_id: str | None
-
-
-@dataclass(frozen=True)
-class ExpectNewHistory:
-    """After a rollback to step S: metrics.jsonl's new history starts at or before `step` (S + 1);
-    None once it has."""
-
-    step: int | None
+    def changes(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not KEEP}
 
 
 Action = (
     Record
+    | ChangeState
     | Notify
     | Cancel
     | Hold
@@ -276,12 +239,11 @@ Action = (
     | Exclude
     | ClearExclusions
     | ReleaseExclusions
-    | Restart
+    | RestartRun
     | Relaunch
     | Submit
     | Stop
     | SetStatus
-    | ResetProgressCounter
     | PublishRequest
     | WithdrawRequest
     | Consume
@@ -290,15 +252,4 @@ Action = (
     | UpdateJob
     | SetOutcome
     | FollowRecovery
-    | NoteUnhealthyRelayed
-    | NoteDamageReportsSeen
-    | SetDiskLevel
-    | SetDiskPause
-    | SetStragglers
-    | NoteMetricsRead
-    | NoteRollback
-    | SetPendingRollback
-    | NoteRollbackAwaited
-    | ExpectNewHistory
-    | SetPool
 )

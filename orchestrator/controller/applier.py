@@ -15,6 +15,7 @@ from orchestrator.contract import (
     NODES_CLEAR_REQUEST,
     Decision,
     JobState,
+    Rollback,
     RunPaths,
     write_decision,
     write_rollback,
@@ -33,18 +34,13 @@ from .actions import (
     Action,
     AdoptJob,
     Cancel,
+    ChangeState,
     ClearExclusions,
     Consume,
     DumpStacks,
     Exclude,
-    ExpectNewHistory,
     FollowRecovery,
     Hold,
-    NoteDamageReportsSeen,
-    NoteMetricsRead,
-    NoteRollback,
-    NoteRollbackAwaited,
-    NoteUnhealthyRelayed,
     Notify,
     PublishDirective,
     PublishRequest,
@@ -52,15 +48,9 @@ from .actions import (
     Relaunch,
     Release,
     ReleaseExclusions,
-    ResetProgressCounter,
-    Restart,
-    SetDiskLevel,
-    SetDiskPause,
+    RestartRun,
     SetOutcome,
-    SetPendingRollback,
-    SetPool,
     SetStatus,
-    SetStragglers,
     Stop,
     Submit,
     UpdateJob,
@@ -73,7 +63,6 @@ from .stacks import collect_stacks
 from .submission import Submitter, submit_once
 
 log = logging.getLogger("runctl.controller")
-MAX_ROLLBACK_TIMES = 1000  # the times of the last automatic rollbacks: the largest budget (HealthConfig)
 
 
 class Applier:
@@ -121,9 +110,9 @@ class Applier:
             self._clear_exclusions(action, state)
         elif isinstance(action, ReleaseExclusions):
             self._release_exclusions(action, state)
-        elif isinstance(action, Relaunch):  # before Restart: a Relaunch is one
+        elif isinstance(action, Relaunch):  # before RestartRun: a Relaunch is one
             self._relaunch(state, action, done)
-        elif isinstance(action, Restart):
+        elif isinstance(action, RestartRun):
             self._restart(state, action, done)
         elif isinstance(action, Submit):
             record = self._submit(state, action.reason)
@@ -141,8 +130,6 @@ class Applier:
             done.append(f"stopped ({action.status.value})")
         elif isinstance(action, SetStatus):
             state.move_to(action.status)
-        elif isinstance(action, ResetProgressCounter):
-            state.restarts_without_progress = 0
         elif isinstance(action, PublishRequest):
             publish_request(self.paths, action.request)
             done.append(action.request.name)
@@ -160,7 +147,10 @@ class Applier:
 
     def _bookkeeping(self, action: Action, state: ControllerState) -> None:
         """state.json's own records."""
-        if isinstance(action, AdoptJob):
+        if isinstance(action, ChangeState):
+            for name, value in action.changes().items():
+                setattr(state, name, value.to_dict() if isinstance(value, Rollback) else value)
+        elif isinstance(action, AdoptJob):
             state.jobs.append(
                 JobRecord(job_id=action.job_id, submitted_at=self.clock(), reason="runctl submit")
             )
@@ -177,28 +167,6 @@ class Applier:
                 # the restarted job trains (the crash-loop rule)
                 state.training_since = self.clock() - action.trained_seconds
             state.recovering = action.recovery
-        elif isinstance(action, NoteUnhealthyRelayed):
-            state.unhealthy_relayed.extend(action.keys)
-        elif isinstance(action, NoteDamageReportsSeen):
-            state.damage_reports_seen = max(state.damage_reports_seen, action.count)
-        elif isinstance(action, SetDiskLevel):
-            state.disk_level = action.level
-        elif isinstance(action, SetDiskPause):
-            state.disk_pause = action.pause
-        elif isinstance(action, SetStragglers):
-            state.stragglers = dict(action.summary)
-        elif isinstance(action, NoteMetricsRead):
-            state.metrics_offset = action.offset
-        elif isinstance(action, NoteRollback):
-            state.rollback_times = [*state.rollback_times, action.time][-MAX_ROLLBACK_TIMES:]
-        elif isinstance(action, SetPendingRollback):
-            state.pending_rollback = None if action.directive is None else action.directive.to_dict()
-        elif isinstance(action, NoteRollbackAwaited):
-            state.rollback_awaited = action.directive_id
-        elif isinstance(action, ExpectNewHistory):
-            state.new_history_by_step = action.step
-        elif isinstance(action, SetPool):
-            state.pool = action.status
         else:  # pragma: no cover - a new action type without a branch here is a bug
             raise TypeError(f"unknown controller action {action!r}")
 
@@ -328,7 +296,7 @@ class Applier:
         )
 
     # -- restarts -------------------------------------------------------------------------------
-    def _restart(self, state: ControllerState, action: Restart, done: list[str]) -> None:
+    def _restart(self, state: ControllerState, action: RestartRun, done: list[str]) -> None:
         """At job level: the queued successor with the new exclude list, or a new job."""
         excluded = exclude_list.excluded_nodes(self.paths)
         queued = queued_jobs(state)
@@ -365,7 +333,7 @@ class Applier:
         done.append(f"relaunch: {how}")
 
     def _begin_recovery(
-        self, state: ControllerState, action: Restart, job_id: str, how: str, *, in_allocation: bool
+        self, state: ControllerState, action: RestartRun, job_id: str, how: str, *, in_allocation: bool
     ) -> None:
         """The bookkeeping of any restart: counters, the `restart` event, the recovery followed to
         its first step (`first_step_after_restart`), the notification."""

@@ -26,7 +26,7 @@ from orchestrator.slurm.base import NodeInfo
 
 from .actions import Action, Record
 from .detection import Assessment, Finding
-from .recovery import Failure
+from .recovery import Incident
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def affordable(
 
 
 def spare_the_pool(
-    failure: Failure,
+    failure: Incident,
     slurm_nodes: dict[str, NodeInfo] | None,
     exclusions: dict[str, Exclusion],
     *,

@@ -27,7 +27,7 @@ from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, DiskPause, JobRecord, RunStatus
 from orchestrator.views.event_text.disk_words import pause_message
 
-from .actions import Action, Cancel, Hold, Notify, Record, Release, SetDiskPause, SetStatus, Submit
+from .actions import Action, Cancel, ChangeState, Hold, Notify, Record, Release, SetStatus, Submit
 
 
 def pause_on_failure(
@@ -54,7 +54,7 @@ def pause_on_failure(
     pause = state.disk_pause
     if pause is not None:
         if to_hold:
-            actions.append(SetDiskPause(replace(pause, held_jobs=[*pause.held_jobs, *to_hold])))
+            actions.append(ChangeState(disk_pause=replace(pause, held_jobs=[*pause.held_jobs, *to_hold])))
         return actions
     pause = DiskPause(
         mount=check.mount,
@@ -76,7 +76,7 @@ def pause_on_failure(
                 to_delete=pause.to_delete,
             )
         ),
-        SetDiskPause(pause),
+        ChangeState(disk_pause=pause),
         SetStatus(RunStatus.DISK_FULL),
         Notify(Notice.DISK, pause_message(pause, cause), {"mount": pause.mount, "job_id": job_id}),
     ]
@@ -97,7 +97,7 @@ def while_paused(
             needed_bytes=check.needed_bytes or 0,
             to_delete=list(to_delete),
         )
-        actions: list[Action] = [] if fresh == pause else [SetDiskPause(fresh)]
+        actions: list[Action] = [] if fresh == pause else [ChangeState(disk_pause=fresh)]
         if state.status != RunStatus.DISK_FULL:  # e.g. a kill withdrawn while paused
             actions.append(SetStatus(RunStatus.DISK_FULL))
         return actions
@@ -119,7 +119,7 @@ def while_paused(
                 how=how,
             )
         ),
-        SetDiskPause(None),
+        ChangeState(disk_pause=None),
         SetStatus(RunStatus.WAITING),
         *resume,
     ]

@@ -49,8 +49,8 @@ from orchestrator.contract import health_events as hev
 from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, RunStatus
 from orchestrator.contract.training_health import (
-    CheckpointInfo,
-    HealthFinding,
+    RollbackCandidate,
+    TrainingFinding,
     TrendJudgement,
     plan_rollback,
     policy_for,
@@ -59,16 +59,12 @@ from orchestrator.contract.training_health import (
 from .actions import (
     Action,
     Cancel,
+    ChangeState,
     Consume,
-    ExpectNewHistory,
-    NoteRollback,
-    NoteRollbackAwaited,
     Notify,
     PublishDirective,
     PublishRequest,
     Record,
-    ResetProgressCounter,
-    SetPendingRollback,
     SetStatus,
     Stop,
     Submit,
@@ -92,7 +88,10 @@ class Jobs:
         return self.running is not None or bool(self.unsettled)
 
 
-def on_findings(state: ControllerState, findings: list[HealthFinding], health, **inputs) -> list[Action]:
+MAX_ROLLBACK_TIMES = 1000  # the times of the last automatic rollbacks: the largest budget (HealthConfig)
+
+
+def on_findings(state: ControllerState, findings: list[TrainingFinding], health, **inputs) -> list[Action]:
     """`health`: the config's health section; `inputs`: see _on_findings. The notifications come
     last: a slow chat server must not delay the stop (the trainer keeps training meanwhile)."""
     return _notifications_last(_on_findings(state, findings, health, **inputs))
@@ -117,11 +116,11 @@ def _trend_fields(judged: TrendJudgement | None) -> dict[str, float | None]:
 
 def _on_findings(
     state: ControllerState,
-    findings: list[HealthFinding],
+    findings: list[TrainingFinding],
     health,
     *,
     history,
-    checkpoints: list[CheckpointInfo],
+    checkpoints: list[RollbackCandidate],
     jobs: Jobs,
     wall_now: float,
     directive_id: str,
@@ -169,7 +168,7 @@ def _on_findings(
             return [
                 *actions,
                 *_rollback(directive, jobs, True, owner_uid, wall_now, plan.rollbacks_in_window),
-                NoteRollback(wall_now),
+                ChangeState(rollback_times=[*state.rollback_times, wall_now][-MAX_ROLLBACK_TIMES:]),
             ]
         actions += [
             Record(
@@ -213,18 +212,18 @@ def on_rollback_request(
     directive = request.rollback.directive(directive_id, request.reason, request.user, wall_now)
     status = state.status
     if status == RunStatus.ROLLING_BACK:  # the job is stopping already: this directive replaces the other
-        return [_planned(directive, False, jobs.running), SetPendingRollback(directive), *consumed]
+        return [_planned(directive, False, jobs.running), ChangeState(pending_rollback=directive), *consumed]
     if status == RunStatus.PAUSING:
         return [
             _planned(directive, False, jobs.running),
-            SetPendingRollback(directive),
+            ChangeState(pending_rollback=directive),
             SetStatus(RunStatus.ROLLING_BACK),
             *consumed,
         ]
     if status.stopped:  # nothing runs, nothing is queued: settle() goes on in this pass
         return [
             _planned(directive, False, None),
-            SetPendingRollback(directive),
+            ChangeState(pending_rollback=directive),
             SetStatus(RunStatus.ROLLING_BACK),
             *consumed,
         ]
@@ -250,17 +249,22 @@ def settle(state: ControllerState, jobs: Jobs) -> list[Action]:
         return [
             PublishDirective(pending),
             WithdrawRequest(KILL_REQUEST),
-            SetPendingRollback(None),
-            NoteRollbackAwaited(pending.id),
-            ExpectNewHistory(pending.to_step + 1),
+            ChangeState(
+                pending_rollback=None,
+                rollback_awaited=pending.id,
+                new_history_by_step=pending.to_step + 1,
+                restarts_without_progress=0,
+            ),
             Record(hev.RollbackStarted(directive_id=pending.id, to_step=pending.to_step)),
             SetStatus(RunStatus.WAITING),
-            ResetProgressCounter(),
             Submit(f"rollback {pending.id}"),
         ]
     if pending is not None and state.status != RunStatus.ROLLING_BACK:
         why = f"abandoned: the run is {state.status.value} (it took over before the job stopped); nothing written"
-        return [Record(hev.RollbackRefused(why=why, by=pending.requested_by)), SetPendingRollback(None)]
+        return [
+            Record(hev.RollbackRefused(why=why, by=pending.requested_by)),
+            ChangeState(pending_rollback=None),
+        ]
     return []
 
 
@@ -274,7 +278,7 @@ def to_judge(
     begins = next((i for i, r in enumerate(new) if r.step <= new_history_by_step), None)
     if begins is None:
         return [], []
-    return new[begins:], [ExpectNewHistory(None)]
+    return new[begins:], [ChangeState(new_history_by_step=None)]
 
 
 def rollback_applied(state: ControllerState, job_id: str, beat: Heartbeat | None) -> list[Action]:
@@ -284,7 +288,7 @@ def rollback_applied(state: ControllerState, job_id: str, beat: Heartbeat | None
         return []
     return [
         Record(hev.RollbackApplied(directive_id=awaited, job_id=job_id, resumed_from=beat.resumed_from)),
-        NoteRollbackAwaited(None),
+        ChangeState(rollback_awaited=None),
     ]
 
 
@@ -316,7 +320,7 @@ def _rollback(
     return [
         _planned(directive, automatic, jobs.running, in_window),
         Notify(Notice.HEALTH, message, {"directive_id": directive.id, "to_step": directive.to_step}),
-        SetPendingRollback(directive),
+        ChangeState(pending_rollback=directive),
         *_stop(
             RunStatus.ROLLING_BACK,
             jobs,

@@ -25,10 +25,10 @@ from orchestrator.contract.state import ControllerState, RunStatus
 from .actions import (
     Action,
     Cancel,
+    ChangeState,
     ClearExclusions,
     PublishRequest,
     Record,
-    ResetProgressCounter,
     SetStatus,
     Stop,
     Submit,
@@ -69,7 +69,7 @@ def on_requests(
                 Record(ev.Resumed(by=resume.user, reason=resume.reason, previous=state.status.value)),
                 WithdrawRequest(KILL_REQUEST),
                 SetStatus(RunStatus.WAITING),
-                ResetProgressCounter(),
+                ChangeState(restarts_without_progress=0),
             ]
             if running_job_id is None and not queued_job_ids:
                 actions.append(Submit("resume"))

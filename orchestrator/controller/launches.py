@@ -17,10 +17,10 @@ from orchestrator.contract.rank_output import RankError
 from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
 
-from .actions import Action, Cancel, Exclude, NoteUnhealthyRelayed, Notify, Record, Stop
+from .actions import Action, Cancel, ChangeState, Exclude, Notify, Record, Stop
 from .detection import culprit_nodes
 from .policy import on_launch_failed
-from .recovery import Failure
+from .recovery import Incident
 
 
 def relay_unhealthy(
@@ -34,7 +34,7 @@ def relay_unhealthy(
         return []
     nodes, why_not = culprit_nodes(sorted(new), cap)
     actions: list[Action] = [
-        NoteUnhealthyRelayed(tuple(f"{job.job_id}:{n}" for n in new)),
+        ChangeState(unhealthy_relayed=[*state.unhealthy_relayed, *(f"{job.job_id}:{n}" for n in new)]),
         Record(fev.NodesUnhealthy(job_id=job.job_id, nodes=new, excluded=nodes, why_not=why_not)),
         Notify(
             Notice.FAILURE,
@@ -59,7 +59,7 @@ def launch_failed(
     wall_now: float,
     silent_for: float,
     rank_error: RankError | None = None,
-) -> tuple[list[Action], Failure | None]:
+) -> tuple[list[Action], Incident | None]:
     """A launch failed and its launcher waits. `silent_for`: how long (controller clock) the
     launch's ranks have not beaten: the failure time, without a node's clock."""
     if state.status == RunStatus.KILLING:  # the kill switch wins: never relaunch

@@ -1,4 +1,4 @@
-"""Failure policy: from what one pass saw (an assessment of the running job, or a job that ended)
+"""Incident policy: from what one pass saw (an assessment of the running job, or a job that ended)
 to actions. Pure: the supervisor gathers the inputs and applies the actions.
 
 - A dead, missing or hung rank in the running job: record the failure, notify, ask for stacks,
@@ -40,7 +40,7 @@ from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
 
 from .actions import Action, Cancel, DumpStacks, Notify, Record, Stop
 from .detection import Assessment
-from .recovery import Failure
+from .recovery import Incident
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class RankFailureVerdict:
     """What to do about the findings of one pass: act now (`failure`), or wait (`waiting`)."""
 
     actions: list[Action]
-    failure: Failure | None  # set when recovery should plan a restart
+    failure: Incident | None  # set when recovery should plan a restart
 
 
 def on_findings(
@@ -132,7 +132,7 @@ def on_findings(
         DumpStacks(job.job_id),
     ]
     # The job still runs: recovery cancels it, or relaunches inside it when it has spares.
-    failure = Failure(
+    failure = Incident(
         job.job_id,
         cause,
         failure_time,
@@ -166,7 +166,7 @@ def on_job_end(
     queued_job_ids: list[str],
     unhealthy_nodes: tuple[str, ...] = (),
     rank_error: RankError | None = None,
-) -> tuple[Outcome, list[Action], Failure | None]:
+) -> tuple[Outcome, list[Action], Incident | None]:
     """`unhealthy_nodes`: nodes the job's launcher found unhealthy before launching (blamed too).
     `rank_error`: what the failing rank printed last (its traceback), for the words."""
     outcome = classify_end(record.state, exit_code)
@@ -248,7 +248,7 @@ def on_job_end(
     return (
         outcome,
         actions,
-        Failure(
+        Incident(
             record.job_id,
             cause,
             failure_time,
@@ -286,7 +286,7 @@ def on_launch_failed(
     wall_now: float,
     failure_time: float,
     rank_error: RankError | None = None,
-) -> tuple[list[Action], Failure]:
+) -> tuple[list[Action], Incident]:
     """A launch inside a job with spares failed and its launcher waits for a decision: the
     failure as on a job end, then recovery decides (relaunch on a spare, or job level)."""
     culprits = signalled_culprit(allocation.ended)
@@ -316,7 +316,7 @@ def on_launch_failed(
             {"job_id": job.job_id, "exit_code": allocation.exit_code, "host": srun_host},
         ),
     ]
-    failure = Failure(
+    failure = Incident(
         job.job_id,
         cause,
         failure_time,

@@ -32,12 +32,12 @@ from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, PoolStatus
 from orchestrator.slurm.base import NodeInfo
 
-from .actions import Action, Notify, Record, ReleaseExclusions, SetPool
-from .recovery import Failure
+from .actions import Action, ChangeState, Notify, Record, ReleaseExclusions
+from .recovery import Incident
 
 
 def leave_to_slurm(
-    failure: Failure, slurm_nodes: dict[str, NodeInfo] | None
+    failure: Incident, slurm_nodes: dict[str, NodeInfo] | None
 ) -> tuple[tuple[str, ...], list[Action]]:
     """(the culprits still to blame, events for those SLURM already took out)."""
     if not slurm_nodes:
@@ -144,7 +144,7 @@ def judge(
             )
         fewer = _spares_sentence(usable, nodes, spares, spares_next) if spares_next < spares else ""
         summary = PoolStatus(short=False, usable=usable, needed=nodes, spares_next=spares_next, message=fewer)
-        return actions + ([SetPool(summary)] if summary != state.pool else [])
+        return actions + ([ChangeState(pool=summary)] if summary != state.pool else [])
     newest = last_incident(exclusions)
     message = _message(usable, nodes, len(pool), excluded, down, drained, reserved, policy, run_dir, newest)
     summary = PoolStatus(
@@ -158,7 +158,7 @@ def judge(
             Record(pev.PoolShort(**details, message=message)),
             Notify(Notice.POOL, f"CRITICAL: {message}", details),
         ]
-    return actions + ([SetPool(summary)] if summary != state.pool else [])
+    return actions + ([ChangeState(pool=summary)] if summary != state.pool else [])
 
 
 def spares_for_next_job(state: ControllerState, configured: int) -> int:

@@ -29,12 +29,12 @@ from orchestrator.contract.checkpoints import CheckpointInfo
 from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, RunStatus
 
-from .actions import Action, Cancel, Exclude, Record, Relaunch, Restart, Stop
+from .actions import Action, Cancel, Exclude, Record, Relaunch, RestartRun, Stop
 from .detection import culprit_nodes
 
 
 @dataclass(frozen=True)
-class Failure:
+class Incident:
     """One incident, as the policy saw it."""
 
     job_id: str
@@ -46,7 +46,7 @@ class Failure:
     job_running: bool = False  # the failed job still holds its allocation (cancel it, or relaunch in it)
 
 
-def _trained_on(state: ControllerState, watchdog: Any, failure: Failure) -> bool:
+def _trained_on(state: ControllerState, watchdog: Any, failure: Incident) -> bool:
     """The failed job trained for `crash_loop_training_minutes` after its resume and did not fail at
     the step the failure before it did: not a crash loop (a bug fails early, or at one step, every
     time; honest faults land anywhere)."""
@@ -60,7 +60,7 @@ def _trained_on(state: ControllerState, watchdog: Any, failure: Failure) -> bool
 def plan_restart(
     state: ControllerState,
     watchdog: Any,
-    failure: Failure,
+    failure: Incident,
     resume: CheckpointInfo | None,
     skipped: list[tuple[CheckpointInfo, str]],
     queued_job_ids: list[str],
@@ -137,12 +137,12 @@ def plan_restart(
     if why_not:
         actions.append(Record(fev.RelaunchNotPossible(job_id=failure.job_id, why=why_not)))
     actions.extend(cancel_failed)
-    actions.append(Restart(**common))
+    actions.append(RestartRun(**common))
     return actions
 
 
 def _relaunch_possible(
-    failure: Failure, allocation: Allocation | None, leave_out: list[str]
+    failure: Incident, allocation: Allocation | None, leave_out: list[str]
 ) -> tuple[bool, str]:
     """(True, "") when the failed job's launcher can relaunch on its own spares; else why not
     ("" when the job has no launcher at all: a job without spares)."""

@@ -29,7 +29,7 @@ Cost: O(ranks) per round (48 x 8 ranks: a sort per group), nothing between round
 
 `StragglerWatch.on_pass` is the controller's hook: it turns the changes into actions (an event and
 a notification when a node becomes a straggler, an event when it recovers, an exclusion when
-`watchdog.straggler_exclude`), and keeps the scores in `state.stragglers` for `runctl status` (a SetStragglers action).
+`watchdog.straggler_exclude`), and keeps the scores in `state.stragglers` for `runctl status` (a ChangeState action).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from orchestrator.contract import Heartbeat, Phase
 from orchestrator.contract import failure_events as fev
 from orchestrator.contract.causes import RESPONSES, Cause
 
-from .actions import Action, Exclude, Notify, Record, SetStragglers
+from .actions import Action, ChangeState, Exclude, Notify, Record
 
 MIN_PEERS = 3
 WARMUP_ROUNDS = 2
@@ -279,7 +279,7 @@ class StragglerWatch:
         changes = self.scorer.observe(key, samples, now)
         actions: list[Action] = []
         if (self.scorer.rounds, self.scorer.job_key) != before:
-            actions.append(SetStragglers({"job_id": job.job_id, **self.scorer.summary()}))
+            actions.append(ChangeState(stragglers={"job_id": job.job_id, **self.scorer.summary()}))
         flagged = [n for n, t in self.scorer.nodes.items() if t.straggler]
         for change in changes:
             fields = {"node": change.node, "job_id": job.job_id, **change.details}

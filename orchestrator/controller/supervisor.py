@@ -68,7 +68,7 @@ from orchestrator.slurm.base import Scheduler
 
 from . import blame, disk_pause, health_policy, jobs, launches, pool, upkeep
 from . import requests as intake
-from .actions import Action, NoteMetricsRead, Notify, Record, SetOutcome
+from .actions import Action, ChangeState, Notify, Record, SetOutcome
 from .applier import Applier
 from .detection import Assessment, stale_hosts
 from .kill_resume import on_requests
@@ -77,7 +77,7 @@ from .metrics_follower import MetricsFollower
 from .observer import Observer
 from .persistence import Persistence
 from .policy import exit_code_from_beats, on_findings, on_job_end
-from .recovery import Failure, plan_restart
+from .recovery import Incident, plan_restart
 from .reporter import Reporter
 from .stalls import StallWatch
 from .submission import Submitter, default_submitter, discover_chain_jobs, reconcile_intent
@@ -457,7 +457,7 @@ class Controller:
         else:
             self._apply([SetOutcome(record.job_id, outcome.value), *actions], done)
 
-    def _failed(self, actions: list[Action], failure: Failure, done: list[str]) -> None:
+    def _failed(self, actions: list[Action], failure: Incident, done: list[str]) -> None:
         """A failure: recovery, or, when the checkpoint disk cannot hold the next checkpoint, a
         pause whose one notification replaces the failure's (disk_pause.py)."""
         check = self._disk_check()[1]
@@ -479,7 +479,7 @@ class Controller:
         self._apply(pause, done)
         done.append(f"paused: the checkpoint disk {check.mount} is full")
 
-    def _recover(self, failure: Failure, done: list[str]) -> None:
+    def _recover(self, failure: Incident, done: list[str]) -> None:
         if failure.culprits:  # ask SLURM before blaming: a node it downs or drains is its problem
             slurm_nodes = self.observer.slurm_nodes()
             kept, actions = pool.leave_to_slurm(failure, slurm_nodes)
@@ -515,7 +515,7 @@ class Controller:
             follower = self.memory.metrics = MetricsFollower(self.paths.metrics, history_length(health))
         new, actions = health_policy.to_judge(follower.poll(state.metrics_offset), state.new_history_by_step)
         if follower.offset != state.metrics_offset:
-            actions.append(NoteMetricsRead(follower.offset or 0))
+            actions.append(ChangeState(metrics_offset=follower.offset or 0))
         self._apply(actions, done)
         findings = assess(follower.history, health, since_step=min(r.step for r in new) - 1) if new else []
         if not findings:

@@ -15,7 +15,7 @@ from orchestrator.contract.manifest import DamageReport
 from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, RunStatus
 
-from .actions import Action, FollowRecovery, NoteDamageReportsSeen, Notify, Record, SetDiskLevel, SetStatus
+from .actions import Action, ChangeState, FollowRecovery, Notify, Record, SetStatus
 from .detection import Assessment
 
 
@@ -133,7 +133,7 @@ def damage_reports(reports: list[DamageReport], seen: int) -> list[Action]:
             ),
         ]
     if len(reports) > seen:
-        actions.append(NoteDamageReportsSeen(len(reports)))
+        actions.append(ChangeState(damage_reports_seen=len(reports)))
     return actions
 
 
@@ -151,7 +151,7 @@ def disk_level(check: DiskCheck, current: str, paused: bool = False) -> list[Act
                 message=check.message(),
             )
         ),
-        SetDiskLevel(check.level),
+        ChangeState(disk_level=check.level),
     ]
     if check.level in ("warning", "critical") and not paused:
         actions.append(

@@ -1,6 +1,6 @@
 """Who watches the watcher: `runctl doctor RUN_DIR`, run from cron on any login node.
 
-Four checks, each a Finding (ok, or a problem that says what to do):
+Four checks, each a DoctorFinding (ok, or a problem that says what to do):
 1. controller: it runs, and its heartbeat (controller.json) keeps moving while the run is not
    stopped. It runs when the pid in its heartbeat is alive (the doctor on the controller's own
    host), or when something holds the run's lock (elsewhere: flock is cluster-wide on GPFS and
@@ -50,7 +50,7 @@ LIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.COMPLETING, JobState
 
 
 @dataclass
-class Finding:
+class DoctorFinding:
     check: str  # "controller" | "job" | "disk" | "passes" | "pool" | "stop"
     ok: bool
     message: str
@@ -69,12 +69,12 @@ def memory_path(run_root: Path, state_dir: str | os.PathLike[str] | None = None)
 
 def check_controller(
     paths: RunPaths, status: str, memory: dict[str, Any], now: float, stale_after: float
-) -> Finding:
+) -> DoctorFinding:
     if status in STOPPED:
-        return Finding("controller", True, f"the run is {status}: no controller needed")
+        return DoctorFinding("controller", True, f"the run is {status}: no controller needed")
     beat = read_beat(paths)
     if beat is None:
-        return Finding(
+        return DoctorFinding(
             "controller", False,
             f"no controller heartbeat ({paths.controller_heartbeat.name} missing): no controller has "
             f"supervised this run since it was submitted; start one: runctl watch {paths.root} --detach",
@@ -83,7 +83,7 @@ def check_controller(
     who = f"pid {beat.pid} on {beat.host}"
     gone = controller_gone(paths, beat)
     if gone:
-        return Finding(
+        return DoctorFinding(
             "controller", False,
             f"no controller is running: {gone}. Start one: runctl watch {paths.root} --detach "
             "(or runctl doctor --restart-controller as the owner)",
@@ -99,7 +99,7 @@ def check_controller(
         if seen:  # the counter moved since the last look: alive, whatever the mtime says
             quiet = 0.0
     if quiet > stale_after:
-        return Finding(
+        return DoctorFinding(
             "controller", False,
             f"the controller ({who}) is stale: {how}, more than {stale_after:.0f} s. If it hangs, "
             f"kill it on {beat.host}; then start one: runctl watch {paths.root} --detach "
@@ -107,38 +107,42 @@ def check_controller(
         )  # fmt: skip
     failing = beat.failing_passes
     note = f"; its last {failing} pass(es) failed (see runctl events)" if failing else ""
-    return Finding("controller", True, f"controller {who} alive: {passes} passes{note}")
+    return DoctorFinding("controller", True, f"controller {who} alive: {passes} passes{note}")
 
 
-def check_passes(paths: RunPaths, status: str) -> Finding:
+def check_passes(paths: RunPaths, status: str) -> DoctorFinding:
     """A controller alive but failing every pass is not supervising (the `passes` check)."""
     beat = None if status in STOPPED else read_beat(paths)
     failing = beat.failing_passes if beat is not None else 0
     if failing >= FAILING_PASSES_PROBLEM:
-        return Finding(
+        return DoctorFinding(
             "passes", False,
             f"the controller's last {failing} passes failed: it runs but supervises nothing (a kill or a "
             f"failure is not acted on). `runctl events {paths.root}` shows the error of each "
             "(pass_failed); fix its cause, the controller retries on its own",
         )  # fmt: skip
-    return Finding("passes", True, f"{failing} failed pass(es) in a row" if failing else "passes succeed")
+    return DoctorFinding(
+        "passes", True, f"{failing} failed pass(es) in a row" if failing else "passes succeed"
+    )
 
 
-def check_pool(state: ControllerState, status: str) -> Finding:
+def check_pool(state: ControllerState, status: str) -> DoctorFinding:
     """The controller's last judgment of the node pool (controller/pool.py): too few nodes for the
     job means it pends until nodes return, a problem however healthy the rest is."""
     pool = state.pool
     if status in STOPPED or pool is None or not pool.short:
         usable = f"{pool.usable} usable of {pool.needed} needed" if pool else "not judged yet"
-        return Finding("pool", True, f"node pool: {usable}")
-    return Finding("pool", False, f"node pool short: {pool.message or 'see runctl events (pool_short)'}")
+        return DoctorFinding("pool", True, f"node pool: {usable}")
+    return DoctorFinding(
+        "pool", False, f"node pool short: {pool.message or 'see runctl events (pool_short)'}"
+    )
 
 
-def check_stop(paths: RunPaths, state: ControllerState, status: str) -> Finding:
+def check_stop(paths: RunPaths, state: ControllerState, status: str) -> DoctorFinding:
     """A run that stopped on its own needs a person, however quiet it looks."""
     if not status or state.status not in NEEDS_A_PERSON:
-        return Finding("stop", True, f"the run is {status}" if status else "the run has not started")
-    return Finding(
+        return DoctorFinding("stop", True, f"the run is {status}" if status else "the run has not started")
+    return DoctorFinding(
         "stop", False,
         f"the run stopped on its own ({status}): nothing trains until a person looks. "
         f"`runctl status {paths.root}` and `runctl events {paths.root}` say why; fix it, then "
@@ -169,11 +173,11 @@ def controller_gone(paths: RunPaths, beat: ControllerBeat) -> str | None:
 
 def check_job(
     run_root: Path, status: str, scheduler: Any, state: ControllerState, now: float, grace: float
-) -> Finding:
+) -> DoctorFinding:
     if status in STOPPED:
-        return Finding("job", True, f"the run is {status}: no job needed")
+        return DoctorFinding("job", True, f"the run is {status}: no job needed")
     if status == RunStatus.DISK_FULL.value:  # the disk finding says what to delete
-        return Finding("job", True, "the run is paused on a full disk: no job until there is room")
+        return DoctorFinding("job", True, "the run is paused on a full disk: no job until there is room")
     from orchestrator.errors import SchedulerError  # noqa: PLC0415
     from orchestrator.operate.runs import recorded_jobs  # noqa: PLC0415 - pulls in the config models
 
@@ -181,18 +185,18 @@ def check_job(
     try:
         infos = scheduler.jobs(ids) if ids else {}
     except SchedulerError as exc:
-        return Finding("job", True, f"cannot ask the scheduler ({exc}); job check skipped")
+        return DoctorFinding("job", True, f"cannot ask the scheduler ({exc}); job check skipped")
     live = [j for j, info in infos.items() if info.state in LIVE_STATES]
     if live:
-        return Finding("job", True, f"job(s) {', '.join(sorted(live))} queued or running")
+        return DoctorFinding("job", True, f"job(s) {', '.join(sorted(live))} queued or running")
     ends = [info.end_time for info in infos.values() if info.end_time]
     ends += [j.ended_at for j in state.jobs if j.ended_at]
     last_end = max(ends) if ends else None
     if last_end is not None and now - last_end < grace:
-        return Finding(
+        return DoctorFinding(
             "job", True, f"no job right now; the last ended {now - last_end:.0f} s ago (grace {grace:.0f} s)"
         )
-    return Finding(
+    return DoctorFinding(
         "job", False,
         f"the run is {status or 'not started'} but no job of it is queued or running"
         + (f" (the last ended {now - last_end:.0f} s ago)" if last_end else "")
@@ -200,7 +204,7 @@ def check_job(
     )  # fmt: skip
 
 
-def check_disk_space(paths: RunPaths, cfg: Any) -> Finding:
+def check_disk_space(paths: RunPaths, cfg: Any) -> DoctorFinding:
     from orchestrator.contract.checkpoints import list_checkpoints  # noqa: PLC0415
     from orchestrator.contract.disk_space import check_disk  # noqa: PLC0415
     from orchestrator.plan.planner import planned_checkpoint_bytes  # noqa: PLC0415
@@ -209,10 +213,10 @@ def check_disk_space(paths: RunPaths, cfg: Any) -> Finding:
     complete = [c for c in list_checkpoints(ckpt_dir) if c.complete]
     check = check_disk(ckpt_dir, complete[-1].size_bytes if complete else None, planned_checkpoint_bytes(cfg))
     if check.level == "critical":
-        return Finding(
+        return DoctorFinding(
             "disk", False, f"disk critical: {check.message()}: the next save will fail; free space now"
         )
-    return Finding("disk", True, f"disk {check.level}: {check.message()}")
+    return DoctorFinding("disk", True, f"disk {check.level}: {check.message()}")
 
 
 def diagnose(
@@ -224,7 +228,7 @@ def diagnose(
     grace: float,
     state_dir: str | os.PathLike[str] | None = None,
     now: float | None = None,
-) -> tuple[list[Finding], dict[str, Any], Path]:
+) -> tuple[list[DoctorFinding], dict[str, Any], Path]:
     """The findings, the doctor's memory (updated, not yet saved) and where it lives."""
     paths = RunPaths.of(run_dir)
     now = now if now is not None else time.time()
@@ -249,7 +253,7 @@ def diagnose(
     return findings, memory, where
 
 
-def should_notify(findings: list[Finding], memory: dict[str, Any]) -> bool:
+def should_notify(findings: list[DoctorFinding], memory: dict[str, Any]) -> bool:
     """Notify when the set of failing checks changed since the last run (cron must not page every
     five minutes about the same problem); remembers the new set."""
     failing = sorted(f.check for f in findings if not f.ok)
@@ -262,5 +266,5 @@ def save_memory(where: Path, memory: dict[str, Any]) -> None:
     atomic_write_json(where, memory, mode=0o600)
 
 
-def as_json(findings: list[Finding]) -> list[dict[str, Any]]:
+def as_json(findings: list[DoctorFinding]) -> list[dict[str, Any]]:
     return [asdict(f) for f in findings]

@@ -20,7 +20,7 @@ from orchestrator.contract import events as ev
 from orchestrator.contract import health_events as hev
 from orchestrator.contract.state import load_state
 from orchestrator.contract.textsafe import for_terminal
-from orchestrator.contract.training_health import HealthFinding, assess, history_length, lineage, policy_for
+from orchestrator.contract.training_health import TrainingFinding, assess, history_length, lineage, policy_for
 
 HEALTH_EVENTS = (
     hev.HealthFinding,
@@ -40,7 +40,7 @@ class HealthView:
     status: str
     records: list[StepMetrics]  # every step in the tail read, abandoned histories included
     history: list[StepMetrics]  # the current lineage
-    findings: list[HealthFinding]
+    findings: list[TrainingFinding]
     policies: list[str]
     events: list[ev.Event] = field(default_factory=list)
 

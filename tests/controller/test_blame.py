@@ -8,7 +8,7 @@ from orchestrator.contract.state import ControllerState
 from orchestrator.controller.actions import Record, ReleaseExclusions
 from orchestrator.controller.blame import REPEAT_WINDOW_SECONDS, HangSuspicions, affordable, spare_the_pool
 from orchestrator.controller.pool import judge
-from orchestrator.controller.recovery import Failure
+from orchestrator.controller.recovery import Incident
 from orchestrator.slurm.base import NodeInfo
 
 FIVE = {f"node0{i}": NodeInfo(f"node0{i}", frozenset({"IDLE"})) for i in range(1, 6)}
@@ -37,7 +37,7 @@ def test_exclusions_never_leave_the_job_fewer_nodes_than_it_needs():
     kept, why = affordable(("node02",), FIVE, held, needed=4, partition=None)
     assert kept == () and "none excluded" in why
     assert affordable(("node02", "node01"), None, {}, needed=4, partition=None)[0] == ("node02", "node01")
-    kept, actions = spare_the_pool(Failure("7", "hang", 0.0, 3, ("node02", "node01")), FIVE, {}, needed=4,
+    kept, actions = spare_the_pool(Incident("7", "hang", 0.0, 3, ("node02", "node01")), FIVE, {}, needed=4,
                                    partition=None)  # fmt: skip
     assert kept == ("node02",) and isinstance(actions[0], Record) and actions[0].event.KIND == "exclusion_capped"
 

@@ -33,7 +33,16 @@ from orchestrator.contract.exclude import excluded_nodes
 from orchestrator.contract.manifest import FileEntry, write_manifest
 from orchestrator.contract.state import ControllerState, DiskPause, JobRecord, RunStatus
 from orchestrator.controller import disk_pause
-from orchestrator.controller.actions import Cancel, Hold, Notify, Record, Release, Restart, SetStatus, Submit
+from orchestrator.controller.actions import (
+    Cancel,
+    Hold,
+    Notify,
+    Record,
+    Release,
+    RestartRun,
+    SetStatus,
+    Submit,
+)
 from tests.fixtures_disk import fill
 from tests.run_records import event_dicts
 
@@ -69,7 +78,7 @@ def test_a_failure_on_a_full_disk_pauses_once_without_restart_or_blame():
     assert Cancel(("7",), "failed (hang) while the checkpoint disk was full") in actions
     assert Hold(("8",)) in actions, "only the job that would start is held, not one a person held"
     assert SetStatus(RunStatus.DISK_FULL) in actions
-    assert not [a for a in actions if isinstance(a, (Restart, Submit))]
+    assert not [a for a in actions if isinstance(a, (RestartRun, Submit))]
     (notify,) = [a for a in actions if isinstance(a, Notify)]
     print(notify.message)
     assert notify.kind == "disk" and "/scratch" in notify.message and "/ckpt/step_0000010" in notify.message
@@ -102,7 +111,7 @@ def test_while_paused_refreshes_then_resumes_by_releasing_or_submitting():
     state = a_state(JobRecord("7", 0.0, state="failed", outcome="failed", ended_at=40.0), queued)
     state.status, state.disk_pause = RunStatus.DISK_FULL, pause
     still = disk_pause.while_paused(state, full(free=300), [], wall_now=70.0)
-    assert [type(a).__name__ for a in still] == ["SetDiskPause"] and still[0].pause.free_bytes == 300
+    assert [type(a).__name__ for a in still] == ["ChangeState"] and still[0].disk_pause.free_bytes == 300
     back = disk_pause.while_paused(state, roomy(), [], wall_now=110.0)
     assert Release(("8",)) in back and SetStatus(RunStatus.WAITING) in back
     (event,) = [a.event for a in back if isinstance(a, Record)]

@@ -11,8 +11,8 @@ import pytest
 
 from orchestrator.contract import Allocation, ContractError, Decision, read_allocation, write_allocation
 from orchestrator.contract.state import ControllerState
-from orchestrator.controller.actions import Cancel, Exclude, Record, Relaunch, Restart, Stop
-from orchestrator.controller.recovery import Failure, plan_restart
+from orchestrator.controller.actions import Cancel, Exclude, Record, Relaunch, RestartRun, Stop
+from orchestrator.controller.recovery import Incident, plan_restart
 
 WATCHDOG = SimpleNamespace(max_restarts_without_progress=3, max_excluded_per_incident=2, crash_loop_training_minutes=30)
 
@@ -21,8 +21,8 @@ def waiting(spares: list[str], state: str = "waiting_decision") -> Allocation:
     return Allocation("77", state, 0, ["node01", "node02"], spares, waits_for_decisions=True)
 
 
-def failure(culprits=("node02",), running=True) -> Failure:
-    return Failure("77", "launch_failed", 1000.0, 9, tuple(culprits), job_running=running)
+def failure(culprits=("node02",), running=True) -> Incident:
+    return Incident("77", "launch_failed", 1000.0, 9, tuple(culprits), job_running=running)
 
 
 def kinds(actions) -> list[str]:
@@ -45,20 +45,20 @@ def test_no_culprit_relaunches_on_the_same_nodes():
 
 def test_no_spare_left_cancels_the_job_and_restarts_at_job_level_saying_why():
     actions = plan_restart(ControllerState(), WATCHDOG, failure(), None, [], [], waiting([]))
-    assert kinds(actions) == ["Exclude", "Record", "Cancel", "Restart"]
+    assert kinds(actions) == ["Exclude", "Record", "Cancel", "RestartRun"]
     assert isinstance(actions[1], Record) and "0 spare(s) left" in actions[1].event.why
     assert isinstance(actions[2], Cancel) and actions[2].job_ids == ("77",)
-    assert type(actions[3]) is Restart
+    assert type(actions[3]) is RestartRun
 
 
 def test_a_job_without_a_launcher_or_already_ended_takes_the_job_level_path():
     no_launcher = plan_restart(ControllerState(), WATCHDOG, failure(), None, [], [], None)
-    assert kinds(no_launcher) == ["Exclude", "Cancel", "Restart"]
+    assert kinds(no_launcher) == ["Exclude", "Cancel", "RestartRun"]
     # Every job runs the launcher; one without spares never waits for a decision: job level.
     no_spares = Allocation("77", "running", 0, ["node01", "node02"], [], waits_for_decisions=False)
     assert kinds(plan_restart(ControllerState(), WATCHDOG, failure(), None, [], [], no_spares)) == kinds(no_launcher)
     ended = plan_restart(ControllerState(), WATCHDOG, failure(running=False), None, [], [], waiting(["node03"], "ended"))
-    assert kinds(ended) == ["Exclude", "Record", "Restart"]  # nothing to cancel
+    assert kinds(ended) == ["Exclude", "Record", "RestartRun"]  # nothing to cancel
 
 
 def test_a_crash_loop_stops_even_with_spares():
@@ -75,7 +75,7 @@ def test_only_early_or_same_step_failures_count_towards_a_crash_loop():
     def third(trained: float, step: int, training_since: float | None = 0.0) -> list[str]:
         state = ControllerState(restarts_without_progress=3, checkpoint_step_at_last_restart=0,
                                 training_since=training_since, last_failure_step=9)
-        late = Failure("77", "dead_rank", (training_since or 0.0) + trained, step, ("node02",), job_running=False)
+        late = Incident("77", "dead_rank", (training_since or 0.0) + trained, step, ("node02",), job_running=False)
         return kinds(plan_restart(state, WATCHDOG, late, None, [], [], None))
 
     assert third(trained=29 * 60, step=40) == ["Stop"]  # failed early: a crash loop
@@ -84,8 +84,8 @@ def test_only_early_or_same_step_failures_count_towards_a_crash_loop():
     restarted = plan_restart(
         ControllerState(restarts_without_progress=3, checkpoint_step_at_last_restart=0, training_since=0.0,
                         last_failure_step=9),
-        WATCHDOG, Failure("77", "dead_rank", 31 * 60, 40, ("node02",), job_running=False), None, [], [], None)
-    assert kinds(restarted) == ["Exclude", "Restart"]  # a fault like any other: the count starts again
+        WATCHDOG, Incident("77", "dead_rank", 31 * 60, 40, ("node02",), job_running=False), None, [], [], None)
+    assert kinds(restarted) == ["Exclude", "RestartRun"]  # a fault like any other: the count starts again
     assert restarted[1].restarts_without_progress == 1
 
 

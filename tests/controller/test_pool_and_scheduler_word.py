@@ -21,8 +21,8 @@ from orchestrator.contract import Exclusion, JobState  # noqa: E402
 from orchestrator.contract.severity import Severity, severity_of  # noqa: E402
 from orchestrator.contract.state import ControllerState, JobRecord  # noqa: E402
 from orchestrator.controller import jobs, pool  # noqa: E402
-from orchestrator.controller.actions import Exclude, Notify, Record, ReleaseExclusions, SetPool, UpdateJob  # noqa: E402
-from orchestrator.controller.recovery import Failure  # noqa: E402
+from orchestrator.controller.actions import ChangeState, Exclude, Notify, Record, ReleaseExclusions, UpdateJob  # noqa: E402
+from orchestrator.controller.recovery import Incident  # noqa: E402
 from orchestrator.controller.stalls import StallWatch  # noqa: E402
 from orchestrator.controller.submission import with_spares  # noqa: E402
 from orchestrator.errors import SchedulerError  # noqa: E402
@@ -110,7 +110,7 @@ def test_an_outage_answer_ends_nothing():
 
 
 def test_a_node_slurm_already_downs_is_left_to_slurm():
-    failure = Failure("7", "dead_rank", 0.0, 5, culprits=("node02", "node04"))
+    failure = Incident("7", "dead_rank", 0.0, 5, culprits=("node02", "node04"))
     nodes = nodes_from_text("NodeName=node02 State=DOWN Reason=Not responding\nNodeName=node04 State=ALLOCATED\n")
     kept, actions = pool.leave_to_slurm(failure, nodes)
     assert kept == ("node04",)
@@ -127,8 +127,8 @@ def _judge(state, nodes, exclusions, policy="wait", now=1000.0, need=3, spares=0
         state, nodes, exclusions, nodes=need, spares=spares, partition=None, policy=policy, now=now, run_dir="RUN"
     )
     for a in actions:
-        if isinstance(a, SetPool):
-            state.pool = a.status
+        if isinstance(a, ChangeState):
+            state.pool = a.pool
     return actions
 
 

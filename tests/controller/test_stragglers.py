@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from orchestrator.contract import Heartbeat
-from orchestrator.controller.actions import Exclude, Notify, Record, SetStragglers
+from orchestrator.controller.actions import ChangeState, Exclude, Notify, Record
 from orchestrator.controller.stragglers import RankSample, StragglerScorer, StragglerWatch
 
 NODES, RANKS_PER_NODE, TP, DP = 48, 8, 4, 8
@@ -120,13 +120,13 @@ def parsed(beats: list[dict]) -> list[Heartbeat]:
 
 
 def on_pass(watch: StragglerWatch, state, job, beats: list[dict], now: float, node_of) -> list:
-    """One pass of the watch; its SetStragglers applied to `state` as the controller's applier
+    """One pass of the watch; its ChangeState applied to `state` as the controller's applier
     does, the other actions returned."""
     actions = watch.on_pass(state, job, parsed(beats), now=now, node_of=node_of)
     for action in actions:
-        if isinstance(action, SetStragglers):
-            state.stragglers = dict(action.summary)
-    return [a for a in actions if not isinstance(a, SetStragglers)]
+        if isinstance(action, ChangeState):
+            state.stragglers = dict(action.stragglers)
+    return [a for a in actions if not isinstance(a, ChangeState)]
 
 
 def test_watch_turns_a_straggler_into_event_notification_and_capped_exclusion():

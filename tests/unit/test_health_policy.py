@@ -19,19 +19,16 @@ from orchestrator.contract import (
 )
 from orchestrator.contract import health_events as hev
 from orchestrator.contract.state import ControllerState, RunStatus
-from orchestrator.contract.training_health import CheckpointInfo, HealthFinding
+from orchestrator.contract.training_health import RollbackCandidate, TrainingFinding
 from orchestrator.controller import health_policy as hp
 from orchestrator.controller.actions import (
     Cancel,
+    ChangeState,
     Consume,
-    ExpectNewHistory,
-    NoteRollback,
-    NoteRollbackAwaited,
     Notify,
     PublishDirective,
     PublishRequest,
     Record,
-    SetPendingRollback,
     SetStatus,
     Stop,
     Submit,
@@ -43,12 +40,12 @@ NOW = 1_000_000.0
 GBS = 8
 # Steps 1..40 of a history, consumed_samples = 8 x step; checkpoints every 10 steps.
 HISTORY = [StepMetrics(step=s, time=float(s), loss=3.0, consumed_samples=GBS * s, global_batch=GBS) for s in range(1, 41)]
-CKPTS = [CheckpointInfo(s, GBS * s, True) for s in (10, 20, 30)]
+CKPTS = [RollbackCandidate(s, GBS * s, True) for s in (10, 20, 30)]
 RUNNING = hp.Jobs(running="101", queued=("102",))
 
 
-def finding(kind="loss_spike", onset=25, met=27) -> HealthFinding:
-    return HealthFinding(kind, onset, met, 9.0, 3.0, 3.1, f"{kind}: onset {onset}")
+def finding(kind="loss_spike", onset=25, met=27) -> TrainingFinding:
+    return TrainingFinding(kind, onset, met, 9.0, 3.0, 3.1, f"{kind}: onset {onset}")
 
 
 def health(**policy) -> HealthConfig:
@@ -73,6 +70,16 @@ def stop_request(actions) -> OperatorRequest:
     assert publish.request.name == KILL_REQUEST and not publish.request.now
     return publish.request
 
+
+
+def counted_rollbacks(actions) -> list[list[float]]:
+    """What the actions set the rollback budget's times to."""
+    return [a.rollback_times for a in actions if isinstance(a, ChangeState) and "rollback_times" in a.changes()]
+
+
+def pending_rollbacks(actions) -> list[Rollback]:
+    """The directives the actions leave pending (None: cleared, not counted)."""
+    return [a.pending_rollback for a in actions if isinstance(a, ChangeState) and a.changes().get("pending_rollback")]
 
 def test_notify_records_and_notifies_and_does_nothing_else():
     actions = decide(running_state(), [finding()], health())
@@ -102,20 +109,23 @@ def test_rollback_goes_back_before_the_onset_and_skips_to_the_onset_plus_margin(
     [planned] = recorded(actions, hev.RollbackPlanned)
     assert (planned.to_step, planned.skip_samples, planned.automatic) == (20, [[160, 216]], True)
     assert planned.directive_id == "rb-t1" and planned.job_id == "101" and planned.rollbacks_in_window == 0
-    assert SetStatus(RunStatus.ROLLING_BACK) in actions and NoteRollback(NOW) in actions
+    assert SetStatus(RunStatus.ROLLING_BACK) in actions and ChangeState(rollback_times=[NOW]) in actions
     assert stop_request(actions).reason.startswith("rollback: ")
     # The stop before any notification: a slow chat server must not let the trainer run on.
     kinds = [type(a) for a in actions]
     assert kinds.index(PublishRequest) < kinds.index(Notify) and kinds[-2:] == [Notify, Notify]
-    [pending] = [a.directive for a in actions if isinstance(a, SetPendingRollback)]
+    [pending] = pending_rollbacks(actions)
     assert (pending.to_step, pending.skip_samples, pending.requested_by) == (20, ((160, 216),), hp.CONTROLLER)
     # Nothing is written for the trainer while the job still runs; once it is gone, in this order:
     rolling = ControllerState(status=RunStatus.ROLLING_BACK, pending_rollback=pending.to_dict())
     assert hp.settle(rolling, hp.Jobs(running="101")) == []
     after = hp.settle(rolling, hp.Jobs())
-    assert after[:3] == [PublishDirective(pending), WithdrawRequest(KILL_REQUEST), SetPendingRollback(None)]
-    assert NoteRollbackAwaited("rb-t1") in after and SetStatus(RunStatus.WAITING) in after
-    assert ExpectNewHistory(21) in after  # the new history begins at step 20 + 1 at the latest
+    # the new history begins at step 20 + 1 at the latest; the crash-loop count is forgiven
+    bookkeeping = ChangeState(
+        pending_rollback=None, rollback_awaited="rb-t1", new_history_by_step=21, restarts_without_progress=0
+    )
+    assert after[:3] == [PublishDirective(pending), WithdrawRequest(KILL_REQUEST), bookkeeping]
+    assert SetStatus(RunStatus.WAITING) in after
     assert after[-1] == Submit("rollback rb-t1") and recorded(after, hev.RollbackStarted)[0].to_step == 20
 
 
@@ -137,7 +147,7 @@ def test_budget_spent_refuses_notifies_and_pauses():
     actions = decide(state, [finding()], health(loss_spike="rollback"))
     [refused] = recorded(actions, hev.RollbackRefused)
     assert refused.rollbacks_in_window == 2 and "budget" in refused.why
-    assert not recorded(actions, hev.RollbackPlanned) and not any(isinstance(a, NoteRollback) for a in actions)
+    assert not recorded(actions, hev.RollbackPlanned) and not counted_rollbacks(actions)
     assert SetStatus(RunStatus.PAUSING) in actions and stop_request(actions)
     assert any(isinstance(a, Notify) and "no automatic rollback" in a.message for a in actions)
 
@@ -173,8 +183,8 @@ def test_an_operators_rollback_of_a_running_run_stops_it_in_their_name_outside_t
     [planned] = recorded(actions, hev.RollbackPlanned)
     assert (planned.by, planned.automatic, planned.lr_scale, planned.lr_scale_steps) == ("oncall", False, 0.5, 10)
     assert stop_request(actions).user == "oncall" and stop_request(actions).uid == 2001
-    assert not any(isinstance(a, NoteRollback) for a in actions) and Consume(ROLLBACK_REQUEST) in actions
-    [pending] = [a.directive for a in actions if isinstance(a, SetPendingRollback)]
+    assert not counted_rollbacks(actions) and Consume(ROLLBACK_REQUEST) in actions
+    [pending] = pending_rollbacks(actions)
     assert pending == Rollback(id="rb-op", to_step=20, skip_samples=((160, 216),), lr_scale=0.5, lr_scale_steps=10,
                                reason="spike at 25", requested_by="oncall", requested_at=NOW)
 
@@ -185,7 +195,7 @@ def test_an_operators_rollback_of_a_stopped_run_goes_on_at_once():
         assert SetStatus(RunStatus.ROLLING_BACK) in actions and not any(isinstance(a, PublishRequest) for a in actions)
         state = ControllerState(status=status)
         state.move_to(RunStatus.ROLLING_BACK)  # the table allows it
-        state.pending_rollback = [a.directive for a in actions if isinstance(a, SetPendingRollback)][0].to_dict()
+        state.pending_rollback = pending_rollbacks(actions)[0].to_dict()
         assert hp.settle(state, hp.Jobs())[-1] == Submit("rollback rb-op")
 
 
@@ -199,21 +209,21 @@ def test_an_operators_rollback_is_refused_when_finished_or_a_kill_is_pending():
     assert "finished" in recorded(finished, hev.RollbackRefused)[0].why and finished[-1] == Consume(ROLLBACK_REQUEST)
     pending = by_operator(running_state(), kill_pending=True)
     assert "kill request is pending" in recorded(pending, hev.RollbackRefused)[0].why
-    assert not any(isinstance(a, (PublishRequest, SetPendingRollback)) for a in finished + pending)
+    assert not any(isinstance(a, PublishRequest) for a in finished + pending) and not pending_rollbacks(finished + pending)
 
 
 def test_an_operators_rollback_takes_over_a_pause_or_another_rollback():
     over_pause = by_operator(ControllerState(status=RunStatus.PAUSING))
     assert SetStatus(RunStatus.ROLLING_BACK) in over_pause and not any(isinstance(a, PublishRequest) for a in over_pause)
     over_rollback = by_operator(ControllerState(status=RunStatus.ROLLING_BACK))
-    assert [type(a) for a in over_rollback] == [Record, SetPendingRollback, Consume]
+    assert [type(a) for a in over_rollback] == [Record, ChangeState, Consume] and pending_rollbacks(over_rollback)
 
 
 def test_a_kill_during_a_rollback_abandons_it():
     pending = Rollback(id="rb-x", to_step=20, skip_samples=((160, 216),), requested_by="controller")
     for status in (RunStatus.KILLING, RunStatus.KILLED):
         actions = hp.settle(ControllerState(status=status, pending_rollback=pending.to_dict()), hp.Jobs())
-        assert "abandoned" in recorded(actions, hev.RollbackRefused)[0].why and actions[-1] == SetPendingRollback(None)
+        assert "abandoned" in recorded(actions, hev.RollbackRefused)[0].why and actions[-1] == ChangeState(pending_rollback=None)
         assert not any(isinstance(a, (PublishDirective, Submit)) for a in actions)
 
 
@@ -223,7 +233,7 @@ def test_rollback_applied_is_said_once_rank_0_reports_it():
                      progress_time=NOW, phase_started=NOW, resumed_from=20, rollback_applied="rb-t1")
     assert hp.rollback_applied(state, "103", replace(beat, rollback_applied=None)) == []
     actions = hp.rollback_applied(state, "103", beat)
-    assert recorded(actions, hev.RollbackApplied)[0].resumed_from == 20 and actions[-1] == NoteRollbackAwaited(None)
+    assert recorded(actions, hev.RollbackApplied)[0].resumed_from == 20 and actions[-1] == ChangeState(rollback_awaited=None)
 
 
 def test_after_a_rollback_the_stopped_jobs_tail_is_never_judged():
@@ -231,7 +241,7 @@ def test_after_a_rollback_the_stopped_jobs_tail_is_never_judged():
     # saw the stop. Its steps 17-30 come in first, then the new job's 13, 14, 15.
     tail, fresh = HISTORY[16:30], HISTORY[12:15]
     assert hp.to_judge(tail, 13) == ([], [])
-    assert hp.to_judge(tail[-3:] + fresh, 13) == (fresh, [ExpectNewHistory(None)])
+    assert hp.to_judge(tail[-3:] + fresh, 13) == (fresh, [ChangeState(new_history_by_step=None)])
     assert hp.to_judge(fresh, None) == (fresh, [])
 
 

@@ -19,7 +19,7 @@ from orchestrator.contract.training_health import (
     GRAD_NORM_EXPLOSION,
     LOSS_SPIKE,
     SKIP_STORM,
-    CheckpointInfo,
+    RollbackCandidate,
     assess,
     divergence,
     lineage,
@@ -218,7 +218,7 @@ def test_policy_is_per_finding():
 
 
 # -- the planner ------------------------------------------------------------------------------
-CKPTS = [CheckpointInfo(step, step * 8, True) for step in (100, 200, 300, 400)]
+CKPTS = [RollbackCandidate(step, step * 8, True) for step in (100, 200, 300, 400)]
 NOW = 1_000_000.0
 
 
@@ -234,7 +234,7 @@ def test_plan_goes_back_before_the_margin_and_skips_to_the_onset_plus_batches():
     assert directive.to_step == 200 and directive.skip_samples == ((1600, 2880),)
     print(plan.reason)
     # step 200 unverified, and step 100 from another history: nothing left
-    bad = [CheckpointInfo(100, 999, True), CheckpointInfo(200, 1600, False), *CKPTS[2:]]
+    bad = [RollbackCandidate(100, 999, True), RollbackCandidate(200, 1600, False), *CKPTS[2:]]
     refused = plan_rollback(350, bad, history, cfg, [], NOW)
     assert refused.decision == "call_person" and "step 200 does not verify" in refused.reason
     assert "step 100 is from another history" in refused.reason
