@@ -89,12 +89,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 # -- health ---------------------------------------------------------------------------------------
 def run_health(args: argparse.Namespace) -> int:
-    from orchestrator.cli.kill_cmd import _run  # noqa: PLC0415
+    from orchestrator.operate.requests import open_run  # noqa: PLC0415
     from orchestrator.views.health_report import describe, read_health  # noqa: PLC0415
 
     if args.around < 1:
         raise UsageError(f"--around {args.around}: give a number of steps >= 1")
-    paths, cfg = _run(args.run_dir)
+    paths, cfg = open_run(args.run_dir)
     view = read_health(paths.root, cfg)
     png = None
     if not args.no_png:
@@ -132,15 +132,10 @@ def _ranges(values: list[str]) -> list[list[int]]:
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    from orchestrator.cli.kill_cmd import _drop_request, _run, _withdraw_kill  # noqa: PLC0415
-    from orchestrator.contract import ROLLBACK_REQUEST, DirectiveError, RequestBody, RollbackAsk, RunPaths  # noqa: PLC0415
-    from orchestrator.contract.operators import require_operator  # noqa: PLC0415
-    from orchestrator.contract.requests import MAX_REQUEST_BYTES  # noqa: PLC0415
-    from orchestrator.contract.state import RunStatus, load_state  # noqa: PLC0415
+    from orchestrator.contract import DirectiveError, RollbackAsk  # noqa: PLC0415
+    from orchestrator.operate.requests import open_run, request_rollback  # noqa: PLC0415
 
-    paths, cfg = _run(args.run_dir)
-    if not args.reason.strip():
-        raise UsageError("--reason must say why (it goes to the audit trail)")
+    paths, cfg = open_run(args.run_dir)
     try:
         ask = RollbackAsk(args.to_step, _ranges(args.skip_samples), args.lr_scale, args.for_steps)
     except DirectiveError as exc:
@@ -148,53 +143,24 @@ def run_rollback(args: argparse.Namespace) -> int:
                  "lr_scale": "--lr-scale"}  # fmt: skip
         named = next((flag for key, flag in flags.items() if f".{key}" in str(exc)), "the rollback")
         raise UsageError(f"{named}: {exc}") from None
-    user = require_operator(paths, cfg.operators, "rollback")
-    if load_state(paths).status == RunStatus.FINISHED:
-        raise UsageError(
-            f"the run has finished training: nothing to roll back (`runctl status {paths.root}`)"
-        )
-    _check_target(RunPaths.for_config(paths.root, cfg), ask.to_step)
-    withdrawn = _withdraw_kill(paths, cfg, user)
-    reason = f"{args.reason}; {withdrawn}" if withdrawn else args.reason
-    body = RequestBody(reason=reason, rollback=ask).to_dict()
-    if len(json.dumps(body)) > MAX_REQUEST_BYTES:
-        raise UsageError(
-            f"{len(ask.skip_samples)} --skip-samples ranges make a request bigger than {MAX_REQUEST_BYTES} bytes: "
-            "merge neighbouring ranges"
-        )
-    _drop_request(paths, cfg, user, ROLLBACK_REQUEST, body)
-    return _after_request(paths, user, "rollback")
+    asked = request_rollback(paths, cfg, ask, args.reason)
+    return _after_request(paths, asked, "rollback")
 
 
-def _check_target(paths, to_step: int) -> None:
-    """A checkpoint to go back to must exist (else the trainer would refuse to start: exit 19)."""
-    from orchestrator.contract.checkpoints import list_checkpoints  # noqa: PLC0415
-
-    complete = [c.step for c in list_checkpoints(paths.checkpoints) if c.complete]
-    if to_step > 0 and not [s for s in complete if s <= to_step]:
-        have = ", ".join(str(s) for s in complete[-8:]) or "none"
-        raise UsageError(
-            f"--to-step {to_step}: no complete checkpoint at or before step {to_step} in {paths.checkpoints} "
-            f"(there: {have}); --to-step 0 starts again from the initial weights"
-        )
-
-
-def _after_request(paths, user, what: str) -> int:
+def _after_request(paths, asked, what: str) -> int:
     """Who carries the request out: the running controller, or (the owner's) one pass now."""
     from orchestrator.cli.watch_cmd import one_pass_now  # noqa: PLC0415
-    from orchestrator.contract.controller_lock import lock_holder  # noqa: PLC0415
     from orchestrator.contract.operators import run_owner  # noqa: PLC0415
 
-    holder = lock_holder(paths.root)
-    if holder is not None:
+    if asked.controller is not None:
         print(
-            f"{what} requested by {user.name}; the controller (pid {holder.get('pid')}) checks it at its next pass: "
-            "the trainer saves and stops, then the run goes on from the checkpoint asked for."
+            f"{what} requested by {asked.user.name}; the controller (pid {asked.controller.get('pid')}) checks it at "
+            "its next pass: the trainer saves and stops, then the run goes on from the checkpoint asked for."
         )
         return EXIT_OK
-    if user.uid != paths.root.stat().st_uid:
+    if not asked.asked_by_owner:
         print(
-            f"{what} requested by {user.name}; NO CONTROLLER IS RUNNING: it is carried out when the owner "
+            f"{what} requested by {asked.user.name}; NO CONTROLLER IS RUNNING: it is carried out when the owner "
             f"({run_owner(paths)}) starts `runctl watch {paths.root} --detach`."
         )
         return EXIT_OK

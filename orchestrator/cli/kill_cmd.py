@@ -1,10 +1,6 @@
-"""`runctl kill`, `runctl resume`, `runctl nodes --clear`: the team's controls of a run.
-
-Any configured operator may use them, not only the owner: they write requests into the
-group-writable control/ directory, and the controller (running as the owner) authenticates them by
-the file's owner, records them in audit.jsonl and carries them out (controller/requests.py). So a
-kill needs a running controller; without one nothing stops the job, and `runctl kill` says so.
-"""
+"""`runctl kill`, `runctl resume`, `runctl nodes --clear`: the team's controls of a run (the
+rules are operate/requests.py's; a kill needs a running controller, and `runctl kill` says so when
+none runs)."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ import argparse
 import json
 import time
 
-from orchestrator.errors import EXIT_OK, UsageError
+from orchestrator.errors import EXIT_OK
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -59,56 +55,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     nodes.set_defaults(func=run_nodes)
 
 
-def _run(run_dir: str):
-    from orchestrator.contract import RunPaths  # noqa: PLC0415
-    from orchestrator.operate.runs import load_run_config  # noqa: PLC0415
-
-    paths = RunPaths.of(run_dir)
-    try:
-        paths.config.stat()
-        with open(paths.config, "rb"):
-            pass
-    except PermissionError:
-        from orchestrator.contract.operators import group_name  # noqa: PLC0415
-        from orchestrator.errors import PermissionDeniedError  # noqa: PLC0415
-
-        raise PermissionDeniedError(
-            f"you cannot read {paths.config}: the run is readable by its owner and group "
-            f"{group_name(paths.root.stat().st_gid)} only (docs/security.md). If you are on call for it, "
-            f"ask the owner to add you to operators.group (and the group), then log in again."
-        ) from None
-    except FileNotFoundError:
-        pass  # load_run_config says what is missing
-    return paths, load_run_config(paths.root)
-
-
-def _drop_request(paths, cfg, user, name: str, body: dict) -> None:
-    """Write control/<name> as `user`; an operator the kernel does not let in gets the fix."""
-    from orchestrator.contract import atomic_write_json  # noqa: PLC0415
-    from orchestrator.contract.operators import cannot_write_control  # noqa: PLC0415
-
-    try:
-        atomic_write_json(paths.control_request(name), body, mode=0o660)
-    except PermissionError as exc:
-        raise cannot_write_control(paths, cfg.operators, user, exc) from None
-
-
 def run_kill(args: argparse.Namespace) -> int:
-    from orchestrator.contract import KILL_REQUEST, RequestBody  # noqa: PLC0415
-    from orchestrator.contract.controller_lock import lock_holder  # noqa: PLC0415
-    from orchestrator.contract.operators import require_operator  # noqa: PLC0415
+    from orchestrator.operate.requests import open_run, request_kill  # noqa: PLC0415
 
-    paths, cfg = _run(args.run_dir)
-    if not args.reason.strip():
-        raise UsageError("--reason must say why (it goes to the audit trail)")
-    user = require_operator(paths, cfg.operators, "kill --now" if args.now else "kill")
-    _refuse_a_stopped_run(paths)
-    _drop_request(paths, cfg, user, KILL_REQUEST, RequestBody(reason=args.reason, now=args.now).to_dict())
-    holder = lock_holder(paths.root)
-    if holder is None:
+    paths, cfg = open_run(args.run_dir)
+    asked = request_kill(paths, cfg, args.reason, args.now)
+    if asked.controller is None:
         print(
-            f"kill requested by {user.name}, but NO CONTROLLER IS RUNNING for this run: nothing stops the job "
-            f"until one does. The trainer obeys only a kill the controller has checked, so the owner "
+            f"kill requested by {asked.user.name}, but NO CONTROLLER IS RUNNING for this run: nothing stops the "
+            f"job until one does. The trainer obeys only a kill the controller has checked, so the owner "
             f"({_owner(paths)}) must start `runctl watch {paths.root} --detach`; it then records the request, "
             f"cancels queued jobs and stops the job. If the job must stop now and the owner cannot be reached: "
             f"ask a SLURM admin to `scancel` it (jobs: `runctl status {paths.root}`)."
@@ -120,60 +75,11 @@ def run_kill(args: argparse.Namespace) -> int:
         else "the trainer saves a checkpoint and stops"
     )
     print(
-        f"kill requested by {user.name}; the controller (pid {holder.get('pid')} on {holder.get('host')}) "
-        f"checks it at its next pass: {how}; queued jobs are cancelled; no restart until `runctl resume`."
+        f"kill requested by {asked.user.name}; the controller (pid {asked.controller.get('pid')} on "
+        f"{asked.controller.get('host')}) checks it at its next pass: {how}; queued jobs are cancelled; no restart "
+        "until `runctl resume`."
     )
     return EXIT_OK
-
-
-def _refuse_a_stopped_run(paths) -> None:
-    """A kill of a run that has stopped would sit in control/ and stop the run's next resume: refused."""
-    from orchestrator.contract.state import load_state  # noqa: PLC0415
-
-    status = load_state(paths).status
-    if status.stopped:
-        after = {
-            "finished": "it trained all its samples",
-            "killed": "it was killed already",
-            "crash_loop": "the controller stopped it after repeated failures",
-            "config_error": "the trainer refused its config",
-            "paused_for_health": "the controller paused it for training health (`runctl health`)",
-        }[status.value]
-        raise UsageError(
-            f"the run has already stopped ({status.value}: {after}); no job of it runs and nothing restarts "
-            f"it, so there is nothing to kill. `runctl status {paths.root}` shows its jobs"
-            + ("" if status.value == "finished" else f"; `runctl resume {paths.root}` starts it again")
-        )
-
-
-def _withdraw_kill(paths, cfg, user) -> str:
-    """Remove a pending control/kill; returns what it said, for the resume's reason (so that the
-    audit trail keeps it), or "" when there was none. The file is another user's: read bounded,
-    without following links."""
-    from orchestrator.contract import KILL_REQUEST, RequestBody, UntrustedFileError  # noqa: PLC0415
-    from orchestrator.contract.files import loads_bounded, read_untrusted  # noqa: PLC0415
-    from orchestrator.contract.operators import User, cannot_write_control  # noqa: PLC0415
-    from orchestrator.contract.requests import MAX_REQUEST_BYTES  # noqa: PLC0415
-    from orchestrator.contract.textsafe import cap, for_terminal  # noqa: PLC0415
-
-    path = paths.control_request(KILL_REQUEST)
-    try:
-        data, info = read_untrusted(path, MAX_REQUEST_BYTES)
-    except FileNotFoundError:
-        return ""
-    except UntrustedFileError as exc:
-        said, who = f"unreadable: {exc.reason}", "?"
-    else:
-        try:
-            body = RequestBody.parse(loads_bounded(data))
-        except ValueError:  # `touch control/kill`: a request with no reason
-            body = RequestBody()
-        said, who = f"reason: {cap(for_terminal(body.reason), 200)}", User.of_uid(info.st_uid).name
-    try:
-        path.unlink(missing_ok=True)
-    except PermissionError as exc:
-        raise cannot_write_control(paths, cfg.operators, user, exc) from None
-    return f"withdrew the pending kill request of {who} ({said})"
 
 
 def _owner(paths) -> str:
@@ -184,25 +90,19 @@ def _owner(paths) -> str:
 
 def run_resume(args: argparse.Namespace) -> int:
     from orchestrator.cli.watch_cmd import one_pass_now  # noqa: PLC0415
-    from orchestrator.contract import RESUME_REQUEST, RequestBody  # noqa: PLC0415
-    from orchestrator.contract.controller_lock import lock_holder  # noqa: PLC0415
-    from orchestrator.contract.operators import User, require_operator, run_owner  # noqa: PLC0415
+    from orchestrator.operate.requests import open_run, request_resume  # noqa: PLC0415
 
-    paths, cfg = _run(args.run_dir)
-    user = require_operator(paths, cfg.operators, "resume")
-    withdrawn = _withdraw_kill(paths, cfg, user)
-    reason = f"{args.reason}; {withdrawn}" if withdrawn else args.reason
-    _drop_request(paths, cfg, user, RESUME_REQUEST, RequestBody(reason=reason).to_dict())
-    if withdrawn:
-        print(f"{withdrawn}: recorded with the resume in the audit trail")
-    holder = lock_holder(paths.root)
-    if holder is not None:
-        print(f"resume requested; the controller (pid {holder.get('pid')}) submits the next job.")
+    paths, cfg = open_run(args.run_dir)
+    asked = request_resume(paths, cfg, args.reason)
+    if asked.withdrawn:
+        print(f"{asked.withdrawn}: recorded with the resume in the audit trail")
+    if asked.controller is not None:
+        print(f"resume requested; the controller (pid {asked.controller.get('pid')}) submits the next job.")
         return EXIT_OK
-    if User.current().uid != paths.root.stat().st_uid:
+    if not asked.asked_by_owner:
         print(
             "resume requested; no controller is running: it is submitted when the owner "
-            f"({run_owner(paths)}) starts `runctl watch {paths.root}`."
+            f"({_owner(paths)}) starts `runctl watch {paths.root}`."
         )
         return EXIT_OK
     result = one_pass_now(paths.root)
@@ -214,20 +114,25 @@ def run_resume(args: argparse.Namespace) -> int:
 
 
 def run_nodes(args: argparse.Namespace) -> int:
-    from orchestrator.contract.exclude import read_excluded, read_exclusions  # noqa: PLC0415
+    from orchestrator.contract.exclude import read_exclusions  # noqa: PLC0415
     from orchestrator.contract.textsafe import for_terminal  # noqa: PLC0415
+    from orchestrator.operate.requests import open_run  # noqa: PLC0415
 
-    paths, cfg = _run(args.run_dir)
+    paths, cfg = open_run(args.run_dir)
     if args.clear or args.all:
         return _request_clear(paths, cfg, args)
-    excluded = read_excluded(paths)
+    exclusions = read_exclusions(paths)
     if args.json:
-        print(json.dumps(excluded, indent=2, sort_keys=True))
-    elif not excluded:
+        print(
+            json.dumps(
+                {node: entry.to_entry() for node, entry in exclusions.items()}, indent=2, sort_keys=True
+            )
+        )
+    elif not exclusions:
         print("no excluded nodes")
     else:
         now = time.time()
-        for node, entry in sorted(read_exclusions(paths).items()):
+        for node, entry in sorted(exclusions.items()):
             since = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.since or 0))
             left = entry.expires_in(now)
             expiry = (
@@ -250,34 +155,19 @@ def _duration(seconds: float) -> str:
 
 
 def _request_clear(paths, cfg, args: argparse.Namespace) -> int:
-    """Drop control/nodes-clear: the controller checks who asked, audits it and clears the nodes
-    (only the owner's processes write the exclude list)."""
-    from orchestrator.contract import NODES_CLEAR_REQUEST, RequestBody  # noqa: PLC0415
-    from orchestrator.contract.controller_lock import lock_holder  # noqa: PLC0415
-    from orchestrator.contract.operators import require_operator  # noqa: PLC0415
-    from orchestrator.contract.requests import bad_node_names  # noqa: PLC0415
+    from orchestrator.operate.requests import request_node_clear  # noqa: PLC0415
 
     nodes = [] if args.all else list(args.clear)
-    bad = bad_node_names(nodes)
-    if bad:
-        raise UsageError(
-            f"--clear {bad[0]!r} is not a SLURM node name (letters, digits, '-' and '_'; one node each)"
-        )
-    if not args.reason.strip():
-        raise UsageError("--reason must say why (it goes to the audit trail)")
-    user = require_operator(paths, cfg.operators, "nodes --clear")
-    body = RequestBody(reason=args.reason, nodes=tuple(nodes), all_nodes=args.all)
-    _drop_request(paths, cfg, user, NODES_CLEAR_REQUEST, body.to_dict())
+    asked = request_node_clear(paths, cfg, nodes, args.all, args.reason)
     what = "every node" if args.all else ", ".join(nodes)
-    holder = lock_holder(paths.root)
-    if holder is None:
+    if asked.controller is None:
         print(
-            f"clearing {what} requested by {user.name}; no controller is running: the owner's next "
+            f"clearing {what} requested by {asked.user.name}; no controller is running: the owner's next "
             f"`runctl watch {paths.root}` checks the request, records it and clears the nodes."
         )
     else:
         print(
-            f"clearing {what} requested by {user.name}; the controller (pid {holder.get('pid')}) checks it "
-            "at its next pass, records it and gives queued jobs the new exclude list."
+            f"clearing {what} requested by {asked.user.name}; the controller (pid {asked.controller.get('pid')}) "
+            "checks it at its next pass, records it and gives queued jobs the new exclude list."
         )
     return EXIT_OK

@@ -148,6 +148,7 @@ class Controller:
         self._notified_errors: set[str] = set()
         self._disk_full_error = False  # the last failed pass hit a full disk (no backoff)
         self._pass_disk: tuple[list[CheckpointInfo], DiskCheck] | None = None  # this pass's look
+        self._wall, self._mono = clock(), monotonic()  # the pass's one reading of each clock (tick)
         self._node_of = jobs.RankNodes(cfg.cluster.gpus_per_node).node_of
 
     @property
@@ -264,9 +265,9 @@ class Controller:
         return result
 
     # One pass -------------------------------------------------------------------------------
-    def tick(self) -> PassResult:
-        now = self.clock()
-        result = PassResult(time=now, status=self.state.status.value)
+    def tick(self) -> PassResult:  # one reading of each clock: every decision of a pass is made at one time
+        self._wall, self._mono = self.clock(), self.monotonic()
+        result = PassResult(time=self._wall, status=self.state.status.value)
         done = result.actions
         self._pass_disk = None
         self._apply(jobs.adopt(self.state, discover_chain_jobs(self.paths)), done)
@@ -275,7 +276,7 @@ class Controller:
             jobs.refresh(
                 self.state,
                 self.observer.scheduler_view(self.state),
-                wall_now=now,
+                wall_now=self._wall,
                 last_seen=self.observer.ended_seen(),
             ),
             done,
@@ -284,7 +285,7 @@ class Controller:
             return self._finish_pass(result)
         if self.state.disk_pause is not None:
             check = self._disk_check()[1]
-            self._apply(disk_pause.while_paused(self.state, check, self._to_delete(check), now), done)
+            self._apply(disk_pause.while_paused(self.state, check, self._to_delete(check), self._wall), done)
         beats = self.observer.beats()
         running = jobs.running_job(self.state)
         if running is not None and self._supervise(running, beats, result):
@@ -299,7 +300,7 @@ class Controller:
         if not self.state.status.stopped:
             self._apply(health_policy.settle(self.state, self._jobs()), done)
         if self.state.status.active and self.state.disk_pause is None:
-            self._apply(jobs.ensure_a_job(self.state, self.clock()), done)
+            self._apply(jobs.ensure_a_job(self.state, self._wall), done)
         if not self.state.status.stopped:
             self._disk_and_checkpoints(done)
         self._apply(
@@ -332,7 +333,7 @@ class Controller:
                     rollback,
                     kill_pending=KILL_REQUEST in received.requests,
                     jobs=self._jobs(),
-                    wall_now=self.clock(),
+                    wall_now=self._wall,
                     directive_id=new_directive_id(),
                 ),
                 done,
@@ -360,7 +361,7 @@ class Controller:
                 running,
                 allocation,
                 beats,
-                wall_now=self.clock(),
+                wall_now=self._wall,
                 silent_for=self.observer.silent_for(),
                 rank_error=self.observer.rank_error(running.job_id, allocation.ended),
             )
@@ -371,22 +372,20 @@ class Controller:
         assessment = self.observer.assess(running)
         result.assessment = assessment
         self._apply(self.observer.ask_silent_nodes(running, assessment, self._node_of), done)
-        self._apply(upkeep.follow_recovery(self.state, assessment, self.clock()), done)
+        self._apply(upkeep.follow_recovery(self.state, assessment, self._wall), done)
         started = upkeep.training_started(assessment)
         if started is not None and started[0] not in memory.training_seen:
             memory.training_seen.add(started[0])
             self._apply([Record(started[1])], done)
         self._apply(health_policy.rollback_applied(self.state, running.job_id, assessment.reference), done)
-        self._apply(
-            memory.stragglers.on_pass(self.state, running, beats, self.monotonic(), self._node_of), done
-        )
+        self._apply(memory.stragglers.on_pass(self.state, running, beats, self._mono, self._node_of), done)
         self._apply(
             memory.stalls.on_pass(
                 running.job_id,
                 assessment.host_beat_age,
                 job_wide=assessment.job_wide,
-                mono=self.monotonic(),
-                wall=self.clock(),
+                mono=self._mono,
+                wall=self._wall,
                 excluded=set(exclude_list.excluded_nodes(self.paths)),
             ),
             done,
@@ -398,19 +397,19 @@ class Controller:
         return False
 
     def _failures(self, job: JobRecord, assessment: Assessment, done: list[str]) -> None:
-        memory, mono = self.memory, self.monotonic()
+        memory, mono = self.memory, self._mono
         memory.job_wide_since = (
             (memory.job_wide_since if memory.job_wide_since is not None else mono)
             if assessment.job_wide
             else None
         )
         node_of = lambda f: self._node_of(f.rank, f.host, job)  # noqa: E731
-        culprits = blame.culprit_nodes(assessment, node_of, memory.hang_suspicions, self.clock())
+        culprits = blame.culprit_nodes(assessment, node_of, memory.hang_suspicions, self._wall)
         verdict = on_findings(
             self.state,
             job,
             assessment,
-            wall_now=self.clock(),
+            wall_now=self._wall,
             job_wide_for=mono - memory.job_wide_since if memory.job_wide_since is not None else 0.0,
             dead_after=self.cfg.watchdog.dead_after_seconds,
             culprit_nodes=culprits,
@@ -445,7 +444,7 @@ class Controller:
             launch_end=launch_end,
             job_beats=job_beats,
             stale_nodes=stale_nodes,
-            wall_now=self.clock(),
+            wall_now=self._wall,
             queued_job_ids=[j.job_id for j in jobs.queued_jobs(self.state)],
             unhealthy_nodes=tuple(allocation.unhealthy) if allocation is not None else (),
             rank_error=self.observer.rank_error(record.job_id, launch_end)
@@ -469,7 +468,7 @@ class Controller:
             check=check,
             to_delete=[] if check.fits else self._to_delete(check),
             queued=jobs.queued_jobs(self.state),
-            wall_now=self.clock(),
+            wall_now=self._wall,
         )
         if pause is None:
             self._apply(actions, done)
@@ -529,7 +528,7 @@ class Controller:
                 history=follower.history,
                 checkpoints=rollback_candidates(self.ckpt_dir) if wants_rollback else [],
                 jobs=self._jobs(),
-                wall_now=self.clock(),
+                wall_now=self._wall,
                 directive_id=new_directive_id(),
                 owner_uid=os.geteuid(),
             ),
@@ -574,8 +573,7 @@ class Controller:
         slurmctld does not answer (scontrol would wait as long as squeue did)."""
         if self.state.status.stopped or self.memory.scheduler_down_since is not None:
             return
-        now = self.clock()
-        self._apply(pool.expired(exclude_list.read_exclusions(self.paths), now), done)
+        self._apply(pool.expired(exclude_list.read_exclusions(self.paths), self._wall), done)
         cluster = self.cfg.cluster
         self._apply(
             pool.judge(
@@ -586,7 +584,7 @@ class Controller:
                 spares=cluster.spare_nodes,
                 partition=cluster.partition,
                 policy=self.cfg.exclusions.on_pool_short,
-                now=now,
+                now=self._wall,
                 run_dir=str(self.paths.root),
             ),
             done,
