@@ -29,6 +29,7 @@ class Cause(str, enum.Enum):
     OUT_OF_MEMORY = "out_of_memory"  # a rank ran out of memory: the trainer's exit 21, or a cgroup kill
     REPEATED_STALLS = "repeated_stalls"  # a node that stalls again and again
     STRAGGLER = "straggler"  # a node much slower than its peers
+    UNHEALTHY = "unhealthy"  # a node that failed the launcher's health check before the launch
 
     def __str__(self) -> str:
         return self.value
@@ -61,6 +62,7 @@ RESPONSES: dict[Cause, CauseRow] = {
     Cause.OUT_OF_MEMORY: CauseRow(Response.RESTART, "a rank out of memory", Notice.FAILURE, False),
     Cause.REPEATED_STALLS: CauseRow(Response.EXCLUDE, "repeated stalls", Notice.STRAGGLER, True),
     Cause.STRAGGLER: CauseRow(Response.EXCLUDE, "a straggler", Notice.STRAGGLER, True),
+    Cause.UNHEALTHY: CauseRow(Response.EXCLUDE, "a failed health check", Notice.FAILURE, True),
 }
 
 

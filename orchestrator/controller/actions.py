@@ -15,7 +15,9 @@ from typing import Any
 
 from orchestrator.contract.directive import Rollback
 from orchestrator.contract.events import Event
+from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import DiskPause, PoolStatus, Recovery, RunStatus
+from orchestrator.views.event_text import sentence
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,9 @@ class Record:
 
 @dataclass(frozen=True)
 class Notify:
-    kind: str  # one of notifications.events: failure, hang, restart, kill, crash_loop, disk, finish
+    """A notification that is not an event's (a status or a condition, worded where it is found)."""
+
+    kind: Notice
     message: str
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -253,3 +257,11 @@ Action = (
     | SetOutcome
     | FollowRecovery
 )
+
+
+def alert(event: Event, notice: Notice) -> list[Action]:
+    """An event and the notification that words it by the event's own sentence (views/event_text):
+    the pager says what `runctl events` and `runctl status` say. The details are its plain values
+    (a list of 16 ranks or a traceback stays in events.jsonl)."""
+    details = {k: v for k, v in event.details().items() if isinstance(v, (str, int, float)) and k != "time"}
+    return [Record(event), Notify(notice, sentence(event), details)]

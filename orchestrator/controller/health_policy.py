@@ -69,6 +69,7 @@ from .actions import (
     Stop,
     Submit,
     WithdrawRequest,
+    alert,
 )
 
 POLICY_ORDER = ("notify", "pause", "rollback")
@@ -132,7 +133,7 @@ def _on_findings(
     policies = [policy_for(f, health) for f in findings]
     for finding, policy in zip(findings, policies, strict=True):
         actions += [
-            Record(
+            *alert(
                 hev.HealthFinding(
                     finding=finding.kind,
                     onset_step=finding.onset_step,
@@ -144,12 +145,8 @@ def _on_findings(
                     policy=policy,
                     numbers=dict(finding.details),
                     **_trend_fields(finding.judged),
-                )
-            ),
-            Notify(
+                ),
                 Notice.HEALTH,
-                f"{finding.message} (policy: {policy})",
-                {"finding": finding.kind, "onset_step": finding.onset_step, "policy": policy},
             ),
         ]
     if not findings or not state.status.active:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from orchestrator.contract import Allocation, Heartbeat
 from orchestrator.contract import failure_events as fev
+from orchestrator.contract.causes import RESPONSES, Cause
 from orchestrator.contract.rank_output import RankError
 from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
 
-from .actions import Action, Cancel, ChangeState, Exclude, Notify, Record, Stop
+from .actions import Action, Cancel, ChangeState, Exclude, Stop, alert
 from .detection import culprit_nodes
 from .policy import on_launch_failed
 from .recovery import Incident
@@ -35,17 +36,14 @@ def relay_unhealthy(
     nodes, why_not = culprit_nodes(sorted(new), cap)
     actions: list[Action] = [
         ChangeState(unhealthy_relayed=[*state.unhealthy_relayed, *(f"{job.job_id}:{n}" for n in new)]),
-        Record(fev.NodesUnhealthy(job_id=job.job_id, nodes=new, excluded=nodes, why_not=why_not)),
-        Notify(
-            Notice.FAILURE,
-            f"job {job.job_id}: {len(new)} node(s) failed the health check before launch: "
-            + "; ".join(f"{n}: {why}" for n, why in sorted(new.items())[:4]),
-            {"job_id": job.job_id, "nodes": sorted(new)},
+        *alert(
+            fev.NodesUnhealthy(job_id=job.job_id, nodes=new, excluded=nodes, why_not=why_not),
+            RESPONSES[Cause.UNHEALTHY].notice,
         ),
     ]
     if nodes:
         actions.append(
-            Exclude(tuple(nodes), "failed the health check before launch", job.job_id, "unhealthy")
+            Exclude(tuple(nodes), "failed the health check before launch", job.job_id, Cause.UNHEALTHY)
         )
     return actions
 

@@ -38,7 +38,7 @@ from orchestrator.contract.rank_output import RankError
 from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
 
-from .actions import Action, Cancel, DumpStacks, Notify, Record, Stop
+from .actions import Action, Cancel, DumpStacks, Record, Stop, alert
 from .detection import Assessment
 from .recovery import Incident
 
@@ -109,7 +109,7 @@ def on_findings(
     failure_time = wall_now - max(f.age_seconds for f in findings)
     sample = [f.as_dict() for f in findings[:16]]
     actions: list[Action] = [
-        Record(
+        *alert(
             fev.Failure(
                 job_id=job.job_id,
                 cause=cause,
@@ -120,14 +120,8 @@ def on_findings(
                 ranks_affected=len(findings),
                 suspects=[f.as_dict() for f in assessment.suspects[:16]] if cause == Cause.HANG else [],
                 suspects_why=(assessment.suspects_why or None) if cause == Cause.HANG else None,
-            )
-        ),
-        Notify(
+            ),
             RESPONSES[cause].notice,
-            f"job {job.job_id}: {cause} of {len(findings)} rank(s), e.g. rank {findings[0].rank} "
-            f"on {findings[0].host or '?'}"
-            + (f"; {_named(assessment)}" if cause == Cause.HANG and assessment.suspects_why else ""),
-            {"job_id": job.job_id, "ranks": sample[:8]},
         ),
         DumpStacks(job.job_id),
     ]
@@ -222,8 +216,8 @@ def on_job_end(
     cause = failure_cause(Cause.JOB_FAILED, exit_code, srun_says)
     # SLURM's end time (slurmctld's clock, not a compute node's) is when the job failed.
     failure_time = min(record.ended_at or wall_now, wall_now)
-    actions.append(
-        Record(
+    actions.extend(
+        alert(
             fev.Failure(
                 job_id=record.job_id,
                 cause=cause,
@@ -234,15 +228,8 @@ def on_job_end(
                 srun_says=srun_says,
                 host=srun_host,
                 **_error_fields(rank_error),
-            )
-        )
-    )
-    actions.append(
-        Notify(
-            Notice.FAILURE,
-            f"job {record.job_id} failed ({outcome.value}, exit {exit_code}; "
-            f"{srun_says or 'no srun detail'}){_said(rank_error)}",
-            {"job_id": record.job_id, "exit_code": exit_code, "host": srun_host},
+            ),
+            RESPONSES[cause].notice,
         )
     )
     return (
@@ -263,10 +250,6 @@ def _error_fields(rank_error: RankError | None) -> dict[str, Any]:
     if rank_error is None:
         return {}
     return {"rank_error": rank_error.describe(), "rank_error_lines": list(rank_error.lines)}
-
-
-def _said(rank_error: RankError | None) -> str:
-    return f"; {rank_error.describe()}" if rank_error is not None else ""
 
 
 def signalled_culprit(launch_end: LaunchEnd | None) -> list[str]:
@@ -307,15 +290,7 @@ def on_launch_failed(
         nodes=allocation.nodes,
         **_error_fields(rank_error),
     )
-    actions: list[Action] = [
-        Record(detail),
-        Notify(
-            Notice.FAILURE,
-            f"job {job.job_id}: launch {allocation.launch} failed (exit {allocation.exit_code}; "
-            f"{srun_says or 'no srun detail'}){_said(rank_error)}",
-            {"job_id": job.job_id, "exit_code": allocation.exit_code, "host": srun_host},
-        ),
-    ]
+    actions = alert(detail, RESPONSES[cause].notice)
     failure = Incident(
         job.job_id,
         cause,
@@ -326,11 +301,3 @@ def on_launch_failed(
         job_running=True,
     )
     return actions, failure
-
-
-def _named(assessment: Assessment) -> str:
-    """Who a hang's notification names: the ranks behind the others and why, or why nobody."""
-    if not assessment.suspects:
-        return assessment.suspects_why
-    ranks = ", ".join(f"rank {f.rank} on {f.host or '?'}" for f in assessment.suspects[:8])
-    return f"behind: {ranks} ({assessment.suspects_why})"

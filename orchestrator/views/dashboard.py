@@ -135,6 +135,7 @@ def dashboard_data(
     events = read_events(paths.events)
     stopped = next((e for e in reversed(events) if isinstance(e, fev.RunStopped)), None)
     disk = next((e for e in reversed(events) if isinstance(e, ev.Disk)), None)
+    stall = _storage_stall(events, live_job.job_id if live_job else None)
     beat = read_beat(paths)
     return {
         "run": cfg.name if cfg else paths.root.name,
@@ -171,6 +172,7 @@ def dashboard_data(
         "events": [e.to_dict() for e in events[-RECENT_EVENTS:]],
         "stop_message": stopped.message if stopped and state.status.stopped else None,
         "disk": {"level": state.disk_level, "message": disk.message if disk else ""},
+        "storage_stall": stall,
         "disk_pause": dataclasses.asdict(state.disk_pause) if state.disk_pause else None,
         "goodput": _goodput(paths, now, ckpt_dir),
     }
@@ -228,6 +230,26 @@ def _goodput(paths: RunPaths, now: float, ckpt_dir: Path) -> dict[str, Any] | No
             for window in ("whole_run", "last_24h")}  # fmt: skip
 
 
+def _storage_stall(events: list[ev.Event], job_id: str | None) -> dict[str, Any] | None:
+    """The running job's node that the controller's probe found in a storage stall (its ranks
+    blocked on the filesystem), while nothing has happened to the job since: the controller waits
+    for it (watchdog.stall_tolerance_seconds) instead of declaring it lost."""
+    if job_id is None:
+        return None
+    for event in reversed(events):
+        if getattr(event, "job_id", None) != job_id:
+            continue
+        if isinstance(event, fev.NodeProbed):
+            return (
+                {"node": event.node, "why": event.why, "time": event.time}
+                if event.verdict == "stall"
+                else None
+            )
+        if isinstance(event, (fev.Failure, fev.Restart, ev.JobEnded)):
+            return None
+    return None
+
+
 def warnings(
     data: dict[str, Any], pool: PoolStatus | None = None, disk_pause: DiskPause | None = None
 ) -> list[str]:
@@ -257,6 +279,13 @@ def warnings(
         out.append(pause_message(disk_pause))
     elif d["disk"]["level"] != "ok" and status is not RunStatus.FINISHED:
         out.append(f"checkpoint disk {d['disk']['level']}: {d['disk']['message'] or 'see runctl events'}")
+    stall = d.get("storage_stall")
+    if stall and not status.stopped:
+        out.append(
+            f"{stall['node']} is in a storage stall ({stall['why']}): its ranks wait on the filesystem, so "
+            "the controller waits too (watchdog.stall_tolerance_seconds) before declaring the node lost; "
+            "look at the filesystem the run writes to"
+        )
     if pool is not None and pool.short and not status.stopped:
         out.append(f"CRITICAL, the node pool is short: {pool.message or 'see runctl events'}")
     elif pool is not None and pool.message and not status.stopped:  # fewer spares: it still trains

@@ -79,7 +79,7 @@ def test_with_policy_notify_a_spike_is_only_notified(notify_run):
     acted = {"kill_requested", "health_pause_requested", "rollback_planned", "rollback_refused", "rollback_started"}
     assert not [e["event"] for e in event_dicts(paths) if e["event"] in acted]
     assert [r["event"] for r in notified] == ["health", "finish"]
-    assert "loss spike: loss" in notified[0]["text"] and "(policy: notify)" in notified[0]["text"]
+    assert "loss spike: loss" in notified[0]["text"] and "policy notify" in notified[0]["text"]
     assert [r["step"] for r in read_jsonl(paths.metrics)] == list(range(1, STEPS + 1)), "every step once"
     assert not paths.rollback_directive.exists() and not paths.accepted_request("kill").exists()
 

@@ -1,0 +1,36 @@
+"""`runctl status` warns while the controller waits out a storage stall: the newest probe of the
+running job's silent node said its ranks are blocked on the filesystem, and nothing has happened
+to the job since (a failure, a restart or its end clears it)."""
+
+from __future__ import annotations
+
+from orchestrator.contract import events as ev
+from orchestrator.contract import failure_events as fev
+from orchestrator.views.dashboard import _storage_stall, warnings
+
+
+def probed(verdict: str, job_id: str = "7") -> fev.NodeProbed:
+    return fev.NodeProbed(job_id=job_id, node="node02", verdict=verdict, why="rank 3 in D (disk wait)", time=100.0)
+
+
+def screen(stall) -> dict:
+    dashboard = {"status": "running", "controller": {"pid": 1}, "controller_failing_passes": 0,
+                 "disk": {"level": "ok", "message": ""}, "stop_message": None, "storage_stall": stall}  # fmt: skip
+    return {"dashboard": dashboard, "run_dir": "/runs/r", "scheduler_problem": None, "jobs": []}
+
+
+def test_a_stall_verdict_of_the_running_job_is_a_warning():
+    stall = _storage_stall([ev.JobSubmitted(job_id="7", reason="x"), probed("stall")], "7")
+    assert stall == {"node": "node02", "why": "rank 3 in D (disk wait)", "time": 100.0}
+    [warning] = warnings(screen(stall))
+    assert warning.startswith("node02 is in a storage stall (rank 3 in D (disk wait))")
+    assert "stall_tolerance_seconds" in warning
+
+
+def test_no_warning_once_the_job_failed_or_for_another_verdict_or_job():
+    failed = fev.Failure(job_id="7", cause="dead_rank", failure_time=1.0, detection_time=2.0)
+    assert _storage_stall([probed("stall"), failed], "7") is None
+    assert _storage_stall([probed("dead")], "7") is None
+    assert _storage_stall([probed("stall", job_id="6")], "7") is None
+    assert _storage_stall([probed("stall")], None) is None
+    assert warnings(screen(None)) == []
