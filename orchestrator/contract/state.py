@@ -19,7 +19,7 @@ from typing import Any
 
 from .files import ContractError, atomic_write_json, check_version, read_json
 from .paths import RunPaths
-from .values import int_or_none, number_or_none
+from .values import int_or_none, is_number, number_or_none
 
 STATE_VERSION = 1
 
@@ -204,6 +204,8 @@ class ControllerState:
     damage_reports_seen: int = 0  # lines of checkpoints/damaged.jsonl already relayed as events
     unhealthy_relayed: list[str] = field(default_factory=list)  # "<job>:<node>" health failures relayed
     stragglers: dict[str, Any] = field(default_factory=dict)  # per-node scores (stragglers.py), for status
+    # Nodes a hang suspected without proof (controller/blame.py): node -> [job id, controller clock].
+    hang_suspects: dict[str, list] = field(default_factory=dict)
     # Training health. metrics_offset: metrics.jsonl was judged up to this byte (None: never; a new
     # controller starts from the file's end). rollback_times: the controller's clock at each
     # automatic rollback (the budget). pending_rollback: the directive (contract.directive.Rollback
@@ -254,7 +256,7 @@ class ControllerState:
         if not isinstance(data, dict):
             raise ContractError("state.json: expected a JSON object")
         check_version(data, "state.json", STATE_VERSION)
-        nested = ("jobs", "pending_submit", "recovering", "pool", "disk_pause")
+        nested = ("jobs", "pending_submit", "recovering", "pool", "disk_pause", "hang_suspects")
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k not in nested}
         state = cls(**known)
         state.status = RunStatus(state.status)
@@ -267,6 +269,12 @@ class ControllerState:
             state.pool = PoolStatus.from_dict(data["pool"])
         if isinstance(data.get("disk_pause"), dict):
             state.disk_pause = DiskPause.from_dict(data["disk_pause"])
+        suspects = data.get("hang_suspects")
+        state.hang_suspects = {
+            str(node): [str(seen[0]), float(seen[1])]
+            for node, seen in (suspects.items() if isinstance(suspects, dict) else ())
+            if isinstance(seen, list) and len(seen) == 2 and is_number(seen[1])
+        }
         return state
 
 

@@ -42,21 +42,22 @@ REPEAT_WINDOW_SECONDS = 6 * 3600.0
 
 @dataclass
 class HangSuspicions:
-    """Nodes suspected by a hang that the marks could not decide: node -> (the job it was
-    suspected in, when, controller clock). Kept in the controller's memory (a controller restart
-    forgets them: at worst one more restart without an exclusion)."""
+    """Nodes suspected by a hang that the marks could not decide: node -> [the job it was
+    suspected in, when (controller clock)]. `by_node` is state.json's `hang_suspects`, so a
+    controller restarted between two hangs still sees the repeat."""
 
-    by_node: dict[str, tuple[str, float]] = field(default_factory=dict)
+    by_node: dict[str, list] = field(default_factory=dict)
 
     def judge(self, suspect_nodes: list[str], sure: bool, job_id: str, now: float) -> HangBlame:
         nodes = sorted({n for n in suspect_nodes if n})
         if sure or not nodes:
             return HangBlame(tuple(nodes), "")
+        for node in [n for n, (_, when) in self.by_node.items() if now - when > REPEAT_WINDOW_SECONDS]:
+            del self.by_node[node]  # too old to count: kept out of state.json
         earlier = {n: self.by_node[n] for n in nodes if n in self.by_node and self.by_node[n][0] != job_id}
-        earlier = {n: seen for n, seen in earlier.items() if now - seen[1] <= REPEAT_WINDOW_SECONDS}
         for node in nodes:
             if self.by_node.get(node, ("", 0.0))[0] != job_id:
-                self.by_node[node] = (job_id, now)
+                self.by_node[node] = [job_id, now]
         if len(nodes) == 1 and earlier:
             node = nodes[0]
             return HangBlame(

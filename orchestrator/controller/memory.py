@@ -10,7 +10,6 @@ from typing import Any
 
 from orchestrator.contract.checkpoints import ManifestsSeen
 
-from .blame import HangSuspicions
 from .liveness import Liveness
 from .metrics_follower import MetricsFollower
 from .probing import NodeProber
@@ -42,7 +41,6 @@ class Memory:
     node_beat_age: dict[str, float] = field(default_factory=dict)  # for controller.json (the dashboard)
     job_dirs_checked: set[str] | None = None  # jobs/<id>/ the trust check has seen (None: not listed yet)
     metrics: MetricsFollower | None = None  # made at the first look at metrics.jsonl
-    hang_suspicions: HangSuspicions = field(default_factory=HangSuspicions)  # blame.py: repeats
     prober: NodeProber = field(default_factory=NodeProber)  # silent nodes asked (probing.py)
 
     @classmethod

@@ -398,13 +398,11 @@ class Controller:
 
     def _failures(self, job: JobRecord, assessment: Assessment, done: list[str]) -> None:
         memory, mono = self.memory, self._mono
-        memory.job_wide_since = (
-            (memory.job_wide_since if memory.job_wide_since is not None else mono)
-            if assessment.job_wide
-            else None
-        )
+        since = memory.job_wide_since
+        memory.job_wide_since = (mono if since is None else since) if assessment.job_wide else None
         node_of = lambda f: self._node_of(f.rank, f.host, job)  # noqa: E731
-        culprits = blame.culprit_nodes(assessment, node_of, memory.hang_suspicions, self._wall)
+        suspected = blame.HangSuspicions(self.state.hang_suspects)  # in state.json: survives a restart
+        culprits = blame.culprit_nodes(assessment, node_of, suspected, self._wall)
         verdict = on_findings(
             self.state,
             job,

@@ -3,6 +3,8 @@ collective peers (controller/pool.hunches): pure rules over plain data."""
 
 from __future__ import annotations
 
+import json
+
 from orchestrator.contract import Exclusion
 from orchestrator.contract.state import ControllerState
 from orchestrator.controller.actions import Record, ReleaseExclusions
@@ -27,6 +29,16 @@ def test_marks_sure_blame_their_nodes_unsure_ones_only_on_a_repeat():
     late.judge(["node05"], False, "7", 0.0)
     assert late.judge(["node05"], False, "9", REPEAT_WINDOW_SECONDS + 1).nodes == (), "days apart: unrelated"
 
+
+
+def test_a_suspicion_survives_a_controller_restart_through_state_json():
+    state = ControllerState()
+    assert HangSuspicions(state.hang_suspects).judge(["node02"], False, "7", 0.0).nodes == ()
+    restarted = ControllerState.from_dict(json.loads(json.dumps(state.to_dict())))  # what state.json keeps
+    again = HangSuspicions(restarted.hang_suspects).judge(["node02"], False, "9", 600.0)
+    assert again.nodes == ("node02",) and "job 7" in again.why
+    HangSuspicions(restarted.hang_suspects).judge(["node03"], False, "9", REPEAT_WINDOW_SECONDS + 700.0)
+    assert set(restarted.hang_suspects) == {"node03"}, "entries older than the window are dropped"
 
 def test_exclusions_never_leave_the_job_fewer_nodes_than_it_needs():
     # The issue's layout: 4 nodes needed of 5, no spare; the old rule named node02 and its TP peer node01.
