@@ -1,5 +1,5 @@
 """A rank's heartbeat: what it is doing and whether it moves. Written by the trainer
-(trainer/heartbeat.py), read by the controller, the dashboard and the exporter through
+(orchestrator/contract/client/beat.py), read by the controller, the dashboard and the exporter through
 `read_heartbeats` only.
 
 Two clocks in one record: `beat_time` and `seq` move on a background thread (liveness);
@@ -14,7 +14,7 @@ the controller judges by change, and the gaps are durations on the node's monoto
     heartbeats/rank-NNNNN.json    a rank alone on its node (before version 3: every rank)
 
 A node's local rank 0 writes its node file, gathering its peers' beats from node-local files
-(trainer/heartbeat.py): 48 files for BLOOM's 384 ranks, 2,048 for 16,384 GPUs.
+(orchestrator/contract/client/beat.py): 48 files for BLOOM's 384 ranks, 2,048 for 16,384 GPUs.
 """
 
 from __future__ import annotations
