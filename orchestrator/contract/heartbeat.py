@@ -136,12 +136,12 @@ class Heartbeat:
             if check(value):
                 convert = _CONVERT.get(name)
                 values[name] = convert(value) if convert else value
-            elif name in _REQUIRED:
+            elif name in REQUIRED_FIELDS:
                 raise ContractError(f"heartbeat: field {name!r} has a bad value {str(value)[:80]!r}")
             # else: a bad report (a NaN step time) loses that number, never the beat: a dropped
             # beat would make a live rank look missing.
-        if len(values.keys() & _REQUIRED) != len(_REQUIRED):
-            missing = sorted(_REQUIRED - values.keys())
+        if len(values.keys() & REQUIRED_FIELDS) != len(REQUIRED_FIELDS):
+            missing = sorted(REQUIRED_FIELDS - values.keys())
             raise ContractError(f"heartbeat: field {missing[0]!r} is missing")
         return cls(**values)
 
@@ -207,7 +207,7 @@ _CHECKS = {
     "rollback_applied": _optional(lambda v: isinstance(v, str) and len(v) <= 128),
     "exit_reason": lambda v: isinstance(v, str),
 }
-_REQUIRED = frozenset(
+REQUIRED_FIELDS = frozenset(
     (
         "rank",
         "world_size",
@@ -510,7 +510,7 @@ def _updated(beat: Heartbeat, new: dict) -> Heartbeat | None:
         if check(value):
             convert = _CONVERT.get(name)
             setattr(updated, name, convert(value) if convert else value)
-        elif name in _REQUIRED:
+        elif name in REQUIRED_FIELDS:
             raise ContractError(f"heartbeat: field {name!r} has a bad value {str(value)[:80]!r}")
         else:
             setattr(updated, name, _RESET[name]())
