@@ -1,4 +1,4 @@
-"""What counting fine progress (trainer/progress.py) costs the training step, CPU, side by side in one run.
+"""What counting fine progress (orchestrator/contract/client/progress.py) costs the training step, CPU, side by side in one run.
 
     python bench/progress_counting.py [--repeats 80 --steps 1 --grad-accum 8 --out bench/results/progress_counting.json]
 
@@ -65,6 +65,7 @@ def main(argv=None) -> int:
     import torch
 
     import bloom_kernels
+    from orchestrator.contract.client.progress import COUNTER, Mark, waited
     from trainer.engine import (
         initialize,
         install_collective_waits,
@@ -74,7 +75,6 @@ def main(argv=None) -> int:
     from trainer.launch import dist_env_from, init_distributed
     from trainer.model import build_pipeline_module
     from trainer.parallel.groups import ParallelLayout, initialize_model_parallel
-    from trainer.progress import COUNTER, Mark, waited
 
     torch.set_num_threads(1)
     cfg = bench_cfg(args)

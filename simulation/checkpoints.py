@@ -19,14 +19,12 @@ from pathlib import Path
 from orchestrator.contract import (
     CHECKPOINT_NAME_FORMAT,
     MANIFEST_NAME,
-    Manifest,
-    prune_checkpoints,
     resume_candidates,
     step_of,
     verify_manifest,
-    write_latest,
 )
-from orchestrator.contract.manifest import DamageReport, FileEntry, report_damage, write_manifest
+from orchestrator.contract.client.checkpoints import seal_checkpoint
+from orchestrator.contract.manifest import DamageReport, report_damage
 
 HEAD_BYTES = 4096
 
@@ -70,12 +68,10 @@ def save(
         size = each + (total_bytes - each * shards if index == 0 else 0)
         with open(ckpt / rel, "wb") as handle:
             handle.truncate(size)
-        files[rel] = FileEntry(size, simulated_digest(ckpt / rel))
-    manifest = Manifest(files=files, step=step, created=saved_at_wall, world_size=world_size, job_id=job_id)
-    write_manifest(ckpt, manifest)
+        files[rel] = {"size": size, "sha256": simulated_digest(ckpt / rel)}
+    meta = {"step": step, "created": saved_at_wall, "world_size": world_size, "job_id": job_id}
+    seal_checkpoint(Path(ckpt_root), ckpt, files, meta, keep_last)
     os.utime(ckpt / MANIFEST_NAME, (saved_at_wall, saved_at_wall))
-    write_latest(ckpt_root, ckpt.name)
-    prune_checkpoints(ckpt_root, keep_last)
     return ckpt
 
 

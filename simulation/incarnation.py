@@ -10,7 +10,7 @@ exit 18), the time-based save, eval every eval_interval steps. Rank 0 writes rea
 
 Heartbeats are computed, not ticked: rank r beats at `started + offset_r + k * heartbeat_seconds`
 on its node's clock (skewed), and writes at every progress and phase change, exactly like
-trainer/heartbeat.py (`set_phase` moves progress_time; `progress` sets step_seconds;
+orchestrator/contract/client/beat.py (`set_phase` moves progress_time; `progress` sets step_seconds;
 durations holds the longest init/checkpoint/eval so far; seq counts writes). Each beat reports the
 progress marks made by its instant (marks.py: micro-batches, reduce, optimizer, save and load
 chunks, eval micro-batches; the last one's kind; the longest gap between two marks per phase),
@@ -20,7 +20,7 @@ left on disk at that instant.
 Faults: a dead rank freezes its entry; a hang stops the marks (mid-micro-batch, in the reduce
 where every rank waits, or in a save whose bytes stop) while beats go on. A hang of one rank in a
 step (`hang_rank`) blocks its collective peers the way gloo and NCCL do: every other rank enters a
-collective that needs it and waits there (a WAIT mark, trainer/progress.waited): its own pipeline
+collective that needs it and waits there (a WAIT mark, orchestrator/contract/client/progress.waited): its own pipeline
 replica at its next mark (the TP all-reduce, the stage before and after it, and on through the
 pipeline), the other replicas at the step's gradient reduce (their DP peers there wait for it).
 """

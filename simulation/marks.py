@@ -14,7 +14,7 @@ making ~260 marks a step costs nothing per mark. What the trainer does, BLOOM's 
 `mark_gaps` is what the trainer reports: per phase, the longest gap between two marks, a gap that
 ends a wait not counted. A hang cuts a stretch short (`stop`): its marks end there. A rank blocked
 in a collective that needs a hung peer (`block`): its marks end with a WAIT at the time it entered
-the collective (every collective is a wait, trainer/progress.waited).
+the collective (every collective is a wait, orchestrator/contract/client/progress.waited).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ import sys
 import time
 import traceback
 
-from orchestrator.contract import ExitCode, Phase, RunPaths
+from orchestrator.contract import ExitCode, RunPaths
 
 USAGE = "usage: python -m trainer RUN_DIR   (RUN_DIR/run.yaml is the frozen run config)"
 
@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     if overrides.job_start_time is None:
         overrides.job_start_time = process_start
 
-    from trainer.control import install_signal_flag
-    from trainer.heartbeat import HeartbeatWriter
+    from orchestrator.contract.client.beat import HeartbeatWriter
+    from orchestrator.contract.client.exits import record_exit
+    from orchestrator.contract.client.stop import install_signal_flag
     from trainer.parallel.groups import LayoutError
 
     install_signal_flag(cfg.cluster.pre_timeout_signal)  # now: SLURM may signal during a long init
@@ -119,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if trainer is not None:
             trainer.close()
-        heartbeat.note(exit_code=int(code), exit_reason=ExitCode.describe(int(code)))
-        heartbeat.stop(Phase.EXITING)
+        record_exit(heartbeat, code)
     if code not in (ExitCode.FAILED, ExitCode.CONFIG_ERROR):
         shutdown_distributed()  # after a failure, peers may be stuck: do not wait on them
     sys.stdout.flush()
@@ -129,6 +129,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # os._exit: DeepSpeed/gloo background threads must not turn a clean exit code into a hang.
-    rc = main()
-    os._exit(rc)
+    from orchestrator.contract.client.exits import exit_now
+
+    exit_now(main())

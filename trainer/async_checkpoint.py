@@ -32,10 +32,11 @@ import torch
 import torch.distributed as tdist
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
-from orchestrator.contract import Mark, RunPaths, fsync_dir, prune_checkpoints, write_latest
+from orchestrator.contract import Mark, RunPaths, fsync_dir
+from orchestrator.contract.client.checkpoints import list_files, seal_checkpoint
+from orchestrator.contract.client.progress import sha256_counted, waiting
 from trainer import checkpoint as ckpt
-from trainer.checkpoint_format import dist_world, list_files, write_manifest
-from trainer.progress import sha256_counted, waiting
+from trainer.checkpoint_format import dist_world
 from trainer.progress_io import save_counted
 
 
@@ -244,6 +245,4 @@ class AsyncCheckpointer:
                 with open(path, "rb") as handle:
                     os.fsync(handle.fileno())
                 entries[rel] = {"size": path.stat().st_size, "sha256": sha256_counted(path, Mark.SAVE_BYTES)}
-        write_manifest(ckpt_dir, entries, meta)
-        write_latest(paths.checkpoints, ckpt_dir.name)
-        prune_checkpoints(paths.checkpoints, keep_last)
+        seal_checkpoint(paths.checkpoints, ckpt_dir, entries, meta, keep_last)

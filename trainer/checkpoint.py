@@ -53,6 +53,7 @@ from orchestrator.contract import (  # noqa: F401 - verify_manifest: used via th
     verify_manifest,
     write_latest,
 )
+from orchestrator.contract.client.checkpoints import list_files, seal_checkpoint, write_manifest  # noqa: F401
 from orchestrator.contract.manifest import DamageReport, read_damage_reports, report_damage
 from trainer.checkpoint_format import (  # noqa: F401 - re-exported: the manifest helpers
     UNIVERSAL_SUFFIX,
@@ -60,9 +61,7 @@ from trainer.checkpoint_format import (  # noqa: F401 - re-exported: the manifes
     dist_world,
     gather_to_all,
     hash_files_shared,
-    list_files,
     verify_shared,
-    write_manifest,
 )
 
 CLIENT_STATE_KEY = "trainer"
@@ -217,10 +216,8 @@ def save_checkpoint(engine, paths: RunPaths, step: int, client_state: dict[str, 
     files = gather_to_all(files)[0]  # rank 0's listing is the one every rank hashes a share of
     entries = hash_files_shared(ckpt_dir, files)
     if rank == 0:
-        write_manifest(ckpt_dir, entries, {"step": step, "world_size": world, "job_id": job_id,
-                                           "layout": layout or {}})
-        write_latest(paths.checkpoints, tag)
-        prune_checkpoints(paths.checkpoints, keep_last)
+        seal_checkpoint(paths.checkpoints, ckpt_dir, entries,
+                        {"step": step, "world_size": world, "job_id": job_id, "layout": layout or {}}, keep_last)
     dist_barrier()
     return ckpt_dir
 

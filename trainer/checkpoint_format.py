@@ -8,16 +8,13 @@ is orchestrator.contract.manifest's) is written, last and atomically.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as tdist
 
-from orchestrator.contract import MANIFEST_NAME, Manifest, Mark, verify_manifest
-from orchestrator.contract.manifest import FileEntry
-from orchestrator.contract.manifest import write_manifest as write_manifest_record
-from trainer.progress import sha256_counted, waiting
+from orchestrator.contract import MANIFEST_NAME, Mark, verify_manifest
+from orchestrator.contract.client.progress import sha256_counted, waiting
 
 # `step_NNNNNNN_universal` beside `step_NNNNNNN`: its layout-free conversion (trainer.universal).
 UNIVERSAL_SUFFIX = "_universal"
@@ -46,13 +43,6 @@ def gather_to_all(obj: Any) -> list[Any]:
     return out
 
 
-def list_files(ckpt_dir: Path) -> list[str]:
-    """Every file under the checkpoint, relative, sorted; the manifest itself excluded."""
-    return sorted(
-        str(p.relative_to(ckpt_dir)) for p in ckpt_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME
-    )
-
-
 # -- manifest --------------------------------------------------------------------------------
 def hash_files_shared(ckpt_dir: Path, files: list[str]) -> dict[str, dict[str, Any]]:
     """Hash `files` with every rank taking its share; every rank returns the full table."""
@@ -65,13 +55,6 @@ def hash_files_shared(ckpt_dir: Path, files: list[str]) -> dict[str, dict[str, A
     for part in gather_to_all(mine):
         table.update(part)
     return table
-
-
-def write_manifest(ckpt_dir: Path, entries: dict[str, dict[str, Any]], meta: dict[str, Any]) -> None:
-    """`entries` as hash_files_shared returns them; `meta`: the Manifest's other fields (step,
-    world_size, job_id, layout, universal_from, probe)."""
-    files = {rel: FileEntry(int(e["size"]), str(e["sha256"])) for rel, e in entries.items()}
-    write_manifest_record(ckpt_dir, Manifest(files=files, created=time.time(), **meta))
 
 
 def verify_shared(ckpt_dir: Path) -> list[str]:

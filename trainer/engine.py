@@ -191,7 +191,7 @@ def wrap_instruction(engine, instruction: type, after: Callable[[Any], None] | N
 
 
 def install_progress_marks(engine) -> None:
-    """Count this rank's fine progress (trainer/progress.py) in the pipeline schedule: a mark after
+    """Count this rank's fine progress (orchestrator/contract/client/progress.py) in the pipeline schedule: a mark after
     each micro-batch forward (`eval` when the module is in eval mode: an eval or a probe) and
     backward, WAIT when the gradient reduce begins (this rank's share is done; the time there is
     its peers'), REDUCE when it ends, OPTIMIZER after the step. The pipeline's sends and receives
@@ -203,7 +203,7 @@ def install_progress_marks(engine) -> None:
     from deepspeed.runtime.pipe import schedule
 
     from orchestrator.contract import Mark
-    from trainer.progress import mark, waiting
+    from orchestrator.contract.client.progress import mark, waiting
 
     def forward(eng) -> None:
         mark(Mark.FORWARD if eng.module.training else Mark.EVAL)
@@ -230,14 +230,14 @@ DEEPSPEED_COLLECTIVES = (
 
 
 def install_collective_waits() -> list[str]:
-    """Every collective DeepSpeed calls is a wait for the peers (trainer.progress.waited), like
+    """Every collective DeepSpeed calls is a wait for the peers (orchestrator.contract.client.progress.waited), like
     ours (trainer/parallel/, trainer/checkpoint_format.py): a rank blocked in ZeRO's reduce-scatter
     or at a barrier is not the rank holding the others up. Every `deepspeed.comm.X` goes to the
     communication backend's `X` (comm.cdb, set by init_distributed), so the hooks are on that one
     object. Idempotent; returns the names wrapped this time."""
     from deepspeed.comm import comm
 
-    from trainer.progress import waited
+    from orchestrator.contract.client.progress import waited
 
     backend = comm.cdb
     wrapped: list[str] = []

@@ -3,7 +3,7 @@
 Per step: rampup batch -> LR -> `engine.train_batch` -> metrics -> heartbeat progress -> agreed
 control decision (kill / time budget / time-based checkpoint) -> step-interval checkpoint -> maybe
 stop. The loop's state (`TrainState`) is five counters and the rollback bookkeeping
-(`RollbackState`: the data skip list, the LR cut, the directives applied; trainer/rollback.py);
+(`RollbackState`: the data skip list, the LR cut, the directives applied; orchestrator/contract/client/rollback.py);
 with the engine's files and each rank's RNG state they are the whole checkpoint, which is what
 makes a resume bit-exact.
 
@@ -25,18 +25,18 @@ import numpy as np
 import torch
 
 from orchestrator.contract import CHECKPOINT_STATE_NAME, ExitCode, Phase, RunPaths
+from orchestrator.contract.client import rollback as rb
+from orchestrator.contract.client.beat import HeartbeatWriter
+from orchestrator.contract.client.progress import waiting
+from orchestrator.contract.client.stop import Agreement, Controls
 from trainer import checkpoint as ckpt
 from trainer import engine as eng
 from trainer import probe
 from trainer import resume as rs
-from trainer import rollback as rb
 from trainer.compute_time import ComputeClock
-from trainer.control import Agreement, Controls
 from trainer.faults import Fault, FaultInjector, parse_faults
-from trainer.heartbeat import HeartbeatWriter
 from trainer.launch import DistEnv
 from trainer.metrics import MetricsLogger
-from trainer.progress import waiting
 from trainer.schedules import lr_schedule_from_config, rampup_from_config
 
 
@@ -180,7 +180,7 @@ class Trainer:
         self.universal = self.candidate is not None and self.candidate.universal
         self.engine = eng.initialize(cfg, module, self.rampup.micro_batches_at(0), load_universal=self.universal)
         eng.install_replicated_grad_sync(self.engine, self.layout.tp)
-        # Fine progress for the heartbeat (trainer/progress.py): micro-batches, reduce, optimizer,
+        # Fine progress for the heartbeat (orchestrator/contract/client/progress.py): micro-batches, reduce, optimizer,
         # checkpoint bytes. The faults' hooks go in too (TEST-ONLY, inert without TRAINER_FAULT).
         eng.install_progress_marks(self.engine)
         eng.install_collective_waits()

@@ -1,5 +1,5 @@
 """Checkpoint bytes counted as they move: every chunk written, read or hashed is a mark
-(trainer/progress.py), so a save or a load whose bytes still move is never taken for a hang, and one
+(orchestrator/contract/client/progress.py), so a save or a load whose bytes still move is never taken for a hang, and one
 whose bytes stop is.
 
 torch.save writes through `CountingWriter` (a file object: torch's stream writer), torch.load
@@ -20,7 +20,7 @@ import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
 from orchestrator.contract import Mark
-from trainer.progress import mark
+from orchestrator.contract.client.progress import mark
 
 CHUNK_BYTES = 64 << 20  # a mark at least every 64 MiB: about 1 s at a slow 64 MB/s
 

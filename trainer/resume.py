@@ -2,7 +2,7 @@
 
 Collective helpers of trainer/loop.py's build() and resume(). Every file is read by rank 0 and its
 content (or the error) sent to every rank, so that a lagging shared filesystem cannot make ranks
-choose differently. The rules are trainer/rollback.py's (the directive) and trainer/probe.py's
+choose differently. The rules are orchestrator/contract/client/rollback.py's (the directive) and trainer/probe.py's
 (the probe); the order of candidates is trainer/checkpoint.py's (newest verified first).
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from orchestrator.contract import RunPaths, step_of
+from orchestrator.contract.client import rollback as rb
 from orchestrator.contract.directive import (
     CheckpointState,
     DirectiveError,
@@ -23,7 +24,6 @@ from orchestrator.contract.directive import (
 )
 from trainer import checkpoint as ckpt
 from trainer import probe
-from trainer import rollback as rb
 from trainer.checkpoint_format import dist_world, gather_to_all
 from trainer.parallel.groups import LayoutError
 

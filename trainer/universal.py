@@ -41,13 +41,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint_format import (
-    UNIVERSAL_SUFFIX,
-    hash_files_shared,
-    list_files,
-    require_verified,
-    write_manifest,
-)
+from orchestrator.contract.client.checkpoints import list_files, write_manifest
+from trainer.checkpoint_format import UNIVERSAL_SUFFIX, hash_files_shared, require_verified
 
 
 def universal_client_state(cfg, layout) -> dict[str, Any]:

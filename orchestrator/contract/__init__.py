@@ -37,11 +37,12 @@ each is written and read. Imported by every side, so it stays stdlib-only (no to
 Modules: codes (exit codes, phases, job, launcher states, outcomes), paths (RunPaths), files
 (atomic writes; the one bounded reader of untrusted files), heartbeat, events (and by subject:
 failure_events, health_events, pool_events), requests, allocation, job_end (srun's report,
-parsed once), manifest, metrics, directive (rollbacks). Every record is a typed, versioned
+parsed once), manifest, metrics, directive (rollbacks). The ranks' side, what any training loop
+writes and reads here (beat, marks, the agreed stop, the checkpoint seal, the resume point, exit
+codes), is the package `client` (docs/own_training_loop.md); our trainer uses it too. Every record is a typed, versioned
 dataclass with one writer and one reader; a newer version is a ContractVersionError.
 """
 
-from . import failure_events, health_events, pool_events  # noqa: F401,E402 - register their event kinds for read_events
 from .allocation import Allocation, Decision, read_allocation, read_decision, write_allocation, write_decision
 from .codes import (
     PURPOSEFUL_EXITS,

@@ -9,7 +9,7 @@ A `Rollback` says: resume from the newest checkpoint that verifies with step <= 
 GLOBAL sample order, i.e. positions of the data index, the unit of `consumed_samples`), and
 multiply the learning rate by `lr_scale` for `lr_scale_steps` steps after that checkpoint. Its
 `id` is a unique token: the trainer records the ids it applied in every later checkpoint's state,
-so a directive left in place is applied once, whatever restarts follow (trainer/rollback.py).
+so a directive left in place is applied once, whatever restarts follow (orchestrator/contract/client/rollback.py).
 
 The files are read as untrusted input (a run directory is shared): never through a symlink,
 never blocking, a regular file of bounded size written by the run's owner, every field checked
@@ -282,7 +282,7 @@ def write_rollback(paths: RunPaths, directive: Rollback) -> Path:
 @dataclass(frozen=True)
 class CheckpointState:
     """checkpoints/step_N/trainer_state.json: the trainer's counters at the save and the rollback
-    bookkeeping that every later checkpoint carries on (trainer/rollback.py)."""
+    bookkeeping that every later checkpoint carries on (orchestrator/contract/client/rollback.py)."""
 
     step: int
     consumed_samples: int  # the data position (skipped samples included)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events import Event
+from .event_base import Event
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,5 +1,5 @@
 """A rank's heartbeat: what it is doing and whether it moves. Written by the trainer
-(trainer/heartbeat.py), read by the controller, the dashboard and the exporter through
+(orchestrator/contract/client/beat.py), read by the controller, the dashboard and the exporter through
 `read_heartbeats` only.
 
 Two clocks in one record: `beat_time` and `seq` move on a background thread (liveness);
@@ -14,7 +14,7 @@ the controller judges by change, and the gaps are durations on the node's monoto
     heartbeats/rank-NNNNN.json    a rank alone on its node (before version 3: every rank)
 
 A node's local rank 0 writes its node file, gathering its peers' beats from node-local files
-(trainer/heartbeat.py): 48 files for BLOOM's 384 ranks, 2,048 for 16,384 GPUs.
+(orchestrator/contract/client/beat.py): 48 files for BLOOM's 384 ranks, 2,048 for 16,384 GPUs.
 """
 
 from __future__ import annotations
@@ -136,12 +136,12 @@ class Heartbeat:
             if check(value):
                 convert = _CONVERT.get(name)
                 values[name] = convert(value) if convert else value
-            elif name in _REQUIRED:
+            elif name in REQUIRED_FIELDS:
                 raise ContractError(f"heartbeat: field {name!r} has a bad value {str(value)[:80]!r}")
             # else: a bad report (a NaN step time) loses that number, never the beat: a dropped
             # beat would make a live rank look missing.
-        if len(values.keys() & _REQUIRED) != len(_REQUIRED):
-            missing = sorted(_REQUIRED - values.keys())
+        if len(values.keys() & REQUIRED_FIELDS) != len(REQUIRED_FIELDS):
+            missing = sorted(REQUIRED_FIELDS - values.keys())
             raise ContractError(f"heartbeat: field {missing[0]!r} is missing")
         return cls(**values)
 
@@ -207,7 +207,7 @@ _CHECKS = {
     "rollback_applied": _optional(lambda v: isinstance(v, str) and len(v) <= 128),
     "exit_reason": lambda v: isinstance(v, str),
 }
-_REQUIRED = frozenset(
+REQUIRED_FIELDS = frozenset(
     (
         "rank",
         "world_size",
@@ -510,7 +510,7 @@ def _updated(beat: Heartbeat, new: dict) -> Heartbeat | None:
         if check(value):
             convert = _CONVERT.get(name)
             setattr(updated, name, convert(value) if convert else value)
-        elif name in _REQUIRED:
+        elif name in REQUIRED_FIELDS:
             raise ContractError(f"heartbeat: field {name!r} has a bad value {str(value)[:80]!r}")
         else:
             setattr(updated, name, _RESET[name]())

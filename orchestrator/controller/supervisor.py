@@ -112,8 +112,7 @@ class Controller:
         self.paths = RunPaths.of(run_dir)
         self.cfg = cfg
         self._scheduler = scheduler
-        spares = lambda: pool.spares_for_next_job(self.state, cfg.cluster.spare_nodes)  # noqa: E731
-        self.submitter = submitter or default_submitter(self.paths, cfg, scheduler, spares)
+        self.submitter = submitter or default_submitter(self.paths, cfg, scheduler, self._spares_now)
         self.clock = clock  # wall clock of the login node: timestamps of events
         self.monotonic = monotonic  # durations and liveness (a simulation passes a virtual one)
         self.sleep = sleep
@@ -587,6 +586,13 @@ class Controller:
             ),
             done,
         )
+
+    def _spares_now(self) -> int:
+        """The spares a submission asks for, the pool judged again first: the failure being
+        recovered may have excluded a node in this very pass, and a job asking for the spares the
+        pool had before it is one SLURM refuses (`Requested node configuration is not available`)."""
+        self._pool([])
+        return pool.spares_for_next_job(self.state, self.cfg.cluster.spare_nodes)
 
     def _finish_pass(self, result: PassResult) -> PassResult:
         self._pool(result.actions)

@@ -42,7 +42,7 @@ from orchestrator.errors import DoesNotFitError, UsageError
 from orchestrator.plan.config import ConfigError, RunConfig, dump_config, load_config, parse_config
 from orchestrator.plan.config.load import safe_load_unique
 from orchestrator.slurm.base import JobInfo, SubmitRequest
-from orchestrator.slurm.render import render_sbatch, run_job_name, srun_preview, trainer_argv
+from orchestrator.slurm.render import rank_command, render_sbatch, run_job_name, srun_preview
 
 SCRIPT_NAME = JOB_SCRIPT_NAME
 RUN_FOLDER_MODE = 0o750  # jobs/, heartbeats/, checkpoints/: the operators' group reads, only the owner writes
@@ -254,7 +254,7 @@ def submit_run(
     result = SubmitResult(run_dir=str(run_root), config=str(run_root / "run.yaml"), script="", dry_run=dry_run,
                           scheduler=getattr(scheduler, "name", "?"), job_name=run_job_name(cfg.name, run_root),
                           chain=chain, warnings=warnings)  # fmt: skip
-    argv = command if command is not None else trainer_argv(frozen, str(run_root))
+    argv = command if command is not None else rank_command(frozen, str(run_root))
     result.srun_lines = srun_preview(frozen, str(run_root), argv)
     if dry_run:
         result.script_text = render_sbatch(frozen, run_root, command=command)

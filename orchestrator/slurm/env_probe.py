@@ -39,7 +39,8 @@ MARK = "RUNCTL-PROBE "
 TIME_LIMIT = "00:10:00"
 OUTPUT_TAIL_BYTES = 256 * 1024
 POLL_SECONDS = 2.0
-# What a complete probe reports, in order; a report without "done" ended early.
+# What a complete probe of our trainer reports, in order (another loop's imports the client and torch,
+# and checks its program); a report without "done" ended early.
 REQUIRED = ("setup", "interpreter", "import trainer", "import torch", "import deepspeed", "gpus",
             "run dir writable")  # fmt: skip
 
@@ -93,6 +94,9 @@ def probe_argv(cfg: RunConfig, write_dir: Path) -> list[str]:
             "--gpus", str(cfg.cluster.gpus_per_node), "--write-dir", str(write_dir)]  # fmt: skip
     for dataset in cfg.data.datasets:
         argv += ["--data", dataset.path]
+    command = cfg.cluster.command
+    if command is not None:  # another loop: the client and torch must import, its program must be there
+        argv += ["--import", "orchestrator.contract.client", "--import", "torch", "--program", command[0]]
     return [*argv, "--tokenizer", cfg.data.tokenizer]
 
 

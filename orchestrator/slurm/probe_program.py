@@ -5,7 +5,10 @@ cannot import the trainer, not die before it can say so. Each check prints one l
 `RUNCTL-PROBE {"check": ..., "ok": ..., "detail": ...}`, which env_probe.py reads back.
 
     python -c "$(cat probe_program.py)" --accelerator cuda --gpus 8 --write-dir D \
-        --data PREFIX [--data PREFIX ...] --tokenizer FILE
+        --data PREFIX [--data PREFIX ...] --tokenizer FILE [--import MODULE ...] [--program NAME]
+
+`--import`: the modules the ranks need (default: our trainer's, trainer, torch and deepspeed);
+`--program`: the first word of `cluster.command`, found on the node's PATH or as given.
 """
 
 import argparse
@@ -61,6 +64,13 @@ def check_writable(directory):
         say("run dir writable", False, f"{directory}: {exc.strerror or exc}")
 
 
+def check_program(name):
+    import shutil
+
+    found = shutil.which(name)
+    say("program", found is not None, found or f"{name}: not found on the node's PATH, or not executable")
+
+
 def check_readable(check, path):
     try:
         with open(path, "rb") as handle:
@@ -77,12 +87,14 @@ def main(argv):
     parser.add_argument("--write-dir", required=True)
     parser.add_argument("--data", action="append", default=[])
     parser.add_argument("--tokenizer")
+    parser.add_argument("--import", dest="imports", action="append", default=[])
+    parser.add_argument("--program")
     args = parser.parse_args(argv)
     say("interpreter", True, f"{sys.executable} (Python {sys.version.split()[0]}, prefix {sys.prefix})")
-    try_import("trainer")
-    torch = try_import("torch")
-    try_import("deepspeed")
-    check_gpus(torch, args.accelerator, args.gpus)
+    modules = {name: try_import(name) for name in args.imports or ["trainer", "torch", "deepspeed"]}
+    if args.program:
+        check_program(args.program)
+    check_gpus(modules.get("torch"), args.accelerator, args.gpus)
     check_writable(args.write_dir)
     for prefix in args.data:
         for suffix in (".bin", ".idx"):

@@ -30,7 +30,14 @@ from orchestrator.contract.textsafe import for_terminal
 from orchestrator.plan.config import ConfigError, RunConfig
 from orchestrator.plan.config.schema import ENV_NAME, SAFE_WORD, SLURM_NODE_NAME
 from orchestrator.plan.config.site_options import SBATCH_OPTION_VALUE, step_options
-from orchestrator.slurm.launcher.srun_lines import Layout, health_argv, launch_argv, standby_argv
+from orchestrator.slurm.launcher.srun_lines import (
+    Layout,
+    health_argv,
+    keeps_warm,
+    launch_argv,
+    node_ranks_argv,
+    standby_argv,
+)
 
 TEMPLATE_NAME = "train.sbatch.j2"
 # Characters sbatch takes literally on an #SBATCH line: no space, quote, `$`, `;`, backslash.
@@ -142,7 +149,8 @@ def render_sbatch(
     job_name: default `run_job_name(cfg.name, run_dir)` (the singleton dependency is per name and
     user: per run).
     exclude: nodes to avoid (the controller passes nodes it found bad).
-    command: the program srun starts on every rank; default `<cluster.python> -m trainer RUN_DIR`.
+    command: the program srun starts on every rank; default `rank_command` (cluster.command, or
+    `<cluster.python> -m trainer RUN_DIR`).
     dependency: "singleton" by default, so two jobs of one run never overlap; None to drop it.
     """
     run_dir = str(run_dir)
@@ -162,7 +170,7 @@ def render_sbatch(
     if problems:
         raise ConfigError("sbatch", problems)
     c = cfg.cluster
-    argv = list(command) if command is not None else trainer_argv(cfg, run_dir)
+    argv = list(command) if command is not None else rank_command(cfg, run_dir)
     if not argv:
         raise ConfigError("sbatch", ["command must not be empty"])
     return (
@@ -200,14 +208,27 @@ def render_sbatch(
 
 
 def trainer_argv(cfg: RunConfig, run_dir: str) -> list[str]:
-    """What every rank runs: `<cluster.python> -m trainer RUN_DIR`."""
+    """Our trainer: `<cluster.python> -m trainer RUN_DIR`."""
     return [cfg.cluster.python, "-m", "trainer", str(run_dir)]
+
+
+def rank_command(cfg: RunConfig, run_dir: str) -> list[str]:
+    """What each srun task of a launch runs: `cluster.command` (any loop that calls the client;
+    with `command_per: node`, behind the shim that gives torchrun its node's variables), else our
+    trainer."""
+    c = cfg.cluster
+    if c.command is None:
+        return trainer_argv(cfg, run_dir)
+    if c.command_per == "node":
+        return node_ranks_argv(c.python, c.gpus_per_node, c.command)
+    return list(c.command)
 
 
 def _layout(cfg: RunConfig) -> Layout:
     c = cfg.cluster
+    per_task = c.gpus_per_node if c.command_per == "rank" or c.command is None else 1
     return Layout(
-        c.nodes, c.gpus_per_node, c.cpus_per_task, SRUN_WAIT_SECONDS,
+        c.nodes, per_task, c.cpus_per_task * c.gpus_per_node // per_task, SRUN_WAIT_SECONDS,
         site_options=tuple(step_options(c.srun_args, cfg.container)),
     )  # fmt: skip
 
@@ -224,6 +245,7 @@ def launcher_argv(cfg: RunConfig, run_dir: str, command: Sequence[str]) -> list[
     decision = int(cfg.watchdog.relaunch_decision_seconds) if cfg.cluster.spare_nodes else 0
     argv = [
         cfg.cluster.launcher_python or cfg.cluster.python, "-m", "orchestrator.slurm.launcher", "--run-dir", run_dir,
+        "--python", cfg.cluster.python,
         "--nodes", str(layout.nodes), "--tasks-per-node", str(layout.tasks_per_node),
         "--cpus-per-task", str(layout.cpus_per_task), "--srun-wait", str(layout.srun_wait),
         "--decision-seconds", str(decision),
@@ -242,13 +264,13 @@ def srun_preview(cfg: RunConfig, run_dir: str, command: Sequence[str]) -> list[s
     total = c.nodes + c.spare_nodes
     allocated = f"<all {total} nodes of the job>"
     chosen = f"<{c.nodes} healthy nodes of the {total}>" if c.spare_nodes else allocated
-    python = command[0]
+    python = c.python
     job_dir = str(RunPaths.of(run_dir).job_dir("<job id>"))
     lines = []
     if _health(cfg):
         lines.append(_with_nodes(health_argv(layout, ["?"] * total, python, run_dir, job_dir), allocated))
     lines.append(_with_nodes(launch_argv(layout, 0, ["?"] * c.nodes, command), chosen))
-    if c.spare_nodes and command[1:3] == ["-m", "trainer"]:
+    if c.spare_nodes and keeps_warm(command):
         go = str(RunPaths.of(run_dir).standby_go("<job id>", 1))
         lines.append(_with_nodes(standby_argv(layout, 1, ["?"] * total, python, go, command), allocated))
     return [" ".join(shlex.quote(word) for word in argv) for argv in lines]

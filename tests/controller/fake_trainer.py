@@ -100,7 +100,7 @@ class Rank:
         with self.lock:
             now = time.time()
             if phase != self.hb.phase:
-                # Like trainer.heartbeat: report the longest init/checkpoint/eval so far.
+                # Like orchestrator.contract.client.beat: report the longest init/checkpoint/eval so far.
                 if self.hb.phase in (Phase.INIT, Phase.CHECKPOINT, Phase.EVAL):
                     done = self.hb.phase.value
                     durations = self.hb.durations
@@ -111,7 +111,7 @@ class Rank:
                 self.hb.step = step
             if progressed:
                 if phase is Phase.STEP and self.hb.phase_started < self.hb.progress_time:
-                    self.hb.step_seconds = now - self.hb.progress_time  # like trainer.heartbeat
+                    self.hb.step_seconds = now - self.hb.progress_time  # like orchestrator.contract.client.beat
                 self.hb.progress_time = now
             self.hb.seq += 1
             atomic_write_text(self.paths.heartbeat(self.rank), self.hb.to_json())

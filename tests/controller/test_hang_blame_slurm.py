@@ -3,7 +3,7 @@
 
 One node's rank hangs at the start of step 6, after the first save (step 4): its TP peer blocks in
 the forward's all-reduce, the next stage in the receive of its activations. Every collective is a
-wait (trainer/progress.waited), so the hung rank is the one rank not waiting: exactly its node is
+wait (orchestrator/contract/client/progress.waited), so the hung rank is the one rank not waiting: exactly its node is
 excluded, the next job runs on the other 4 (`sbatch --exclude` of one node leaves 4 of 5) and the
 run finishes. The fault is aimed at the node (`hang@step6:node02`): the restarted job, without
 node02, trains through step 6. Before every collective was a wait, rank 0 (blocked in the TP

@@ -229,3 +229,30 @@ def test_a_stall_is_recorded_and_only_the_third_in_the_window_excludes():
     # Most of the job quiet at once is the filesystem's, not n3's: nothing counted.
     quiet = {n: 45.0 for n in ages}
     assert watch.on_pass("7", quiet, job_wide=False, mono=20000, wall=20000, excluded=set()) == []
+
+
+def test_a_restart_right_after_an_exclusion_asks_for_the_spares_left(mock_slurm_dir, tmp_path):
+    """The pool is judged at the end of a pass; a failure excludes its node and resubmits in the
+    next one, before that. Asking for the spares judged before the exclusion, on a pool of exactly
+    nodes + spares, is a job SLURM refuses (`Requested node configuration is not available`):
+    the submission judges the pool again first."""
+    from orchestrator.contract import RunPaths
+    from orchestrator.contract.exclude import add_excluded
+    from orchestrator.controller import Controller
+    from orchestrator.operate.runs import prepare_run_dir
+    from orchestrator.slurm.mock import MockScheduler
+
+    class FiveNodes(MockScheduler):
+        def nodes(self) -> dict[str, NodeInfo]:
+            return {f"node0{i}": NodeInfo(f"node0{i}", frozenset({"IDLE"})) for i in range(1, 6)}
+
+    cfg = make_config(cluster={"nodes": 4, "spare_nodes": 1})
+    run = tmp_path / "run"
+    prepare_run_dir(cfg, run)
+    ctl = Controller(run, cfg, FiveNodes(mock_slurm_dir))
+    ctl.tick()  # a pass: the pool judged at its end
+    assert ctl.state.pool.spares_next == 1
+    add_excluded(RunPaths.of(run), ["node03"], "launch failed", "controller")  # the failure's exclusion
+    job = ctl.submitter(["node03"], "restart after launch_failed")
+    script = (RunPaths.of(run).job_dir(job) / "job.sbatch").read_text()
+    assert re.search(r"^#SBATCH --nodes=(\d+)$", script, re.M).group(1) == "4", "4 usable: no spare left to ask for"

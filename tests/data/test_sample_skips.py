@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from trainer.data import build_data_loader, build_train_valid_test_datasets
-from trainer.data.skips import SampleSkips
+from orchestrator.contract.client.skips import SampleSkips
 
 MBS, DP = 2, 2
 # Global batch per step: a rampup 4 -> 8, as the trainer's schedule would give (multiples of MBS*DP).

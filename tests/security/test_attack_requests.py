@@ -14,11 +14,11 @@ import stat
 from attack_env import as_user, operators_of, runctl_as, uid
 
 from orchestrator.contract import RunPaths
+from orchestrator.contract.client.stop import Controls
 from orchestrator.contract.operators import prepare_permissions, read_audit
 from orchestrator.contract.requests import publish_request
 from orchestrator.controller.requests import read_requests
 from orchestrator.errors import EXIT_PERMISSION
-from trainer.control import Controls
 
 SECRET = "-----BEGIN PRIVATE KEY----- owner's secret"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from trainer.node_beats import NodeLocalBeats
+from orchestrator.contract.client.node_beats import NodeLocalBeats
 
 
 def test_sweep_removes_only_this_users_stale_job_folders_and_follows_no_link(tmp_path):

@@ -1,4 +1,4 @@
-"""Fine progress (trainer/progress.py, progress_io.py) and the node heartbeat file (trainer/node_beats.py),
+"""Fine progress (orchestrator/contract/client/progress.py, progress_io.py) and the node heartbeat file (orchestrator/contract/client/node_beats.py),
 in process: the counter, bytes counted as torch moves them, local rank 0 gathering its node."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from orchestrator.contract import Mark, Phase, RunPaths, read_heartbeats
+from orchestrator.contract.client.beat import HeartbeatWriter
+from orchestrator.contract.client.node_beats import NodeLocalBeats
+from orchestrator.contract.client.progress import COUNTER, ProgressCounter, waiting
 from orchestrator.contract.filemodes import NotPrivateError
-from trainer.heartbeat import HeartbeatWriter
-from trainer.node_beats import NodeLocalBeats
-from trainer.progress import COUNTER, ProgressCounter, waiting
 from trainer.progress_io import CountingReader, CountingWriter
 
 

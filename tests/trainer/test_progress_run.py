@@ -8,9 +8,9 @@ import time
 from collections import defaultdict
 
 from orchestrator.contract import RunPaths, read_heartbeats
+from orchestrator.contract.client.node_beats import NodeLocalBeats
 from tests.trainer import launch_local
 from tests.trainer.runs import make_run_dir
-from trainer.node_beats import NodeLocalBeats
 
 MICRO_BATCH, GLOBAL_BATCH, DP = 2, 8, 2
 MICRO_BATCHES = GLOBAL_BATCH // (MICRO_BATCH * DP)  # per rank and step: 2

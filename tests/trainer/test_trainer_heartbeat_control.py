@@ -17,10 +17,10 @@ from orchestrator.contract import (
     RunPaths,
     atomic_write_json,
 )
+from orchestrator.contract.client import stop as control
+from orchestrator.contract.client.beat import HeartbeatWriter
+from orchestrator.contract.client.stop import Controls
 from orchestrator.contract.requests import publish_request
-from trainer import control
-from trainer.control import Controls
-from trainer.heartbeat import HeartbeatWriter
 
 
 def read_beat(paths: RunPaths, rank: int = 0) -> Heartbeat:
@@ -113,7 +113,7 @@ def test_heartbeat_reports_the_longest_checkpoint_and_eval(tmp_path):
     import time as _time
 
     from orchestrator.contract import Phase, RunPaths
-    from trainer.heartbeat import HeartbeatWriter
+    from orchestrator.contract.client.beat import HeartbeatWriter
 
     hb = HeartbeatWriter(RunPaths.of(tmp_path), rank=0, world_size=1, job_id="t", interval_seconds=60)
     for pause in (0.05, 0.15, 0.02):

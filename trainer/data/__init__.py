@@ -19,7 +19,7 @@ from trainer.data.gpt_dataset import GPTDataset, build_split_datasets
 from trainer.data.index_cache import IndexCacheMissing
 from trainer.data.indexed_dataset import MMapIndexedDataset
 from trainer.data.sampler import MegatronPretrainingSampler
-from trainer.data.skips import SampleSkips
+from orchestrator.contract.client.skips import SampleSkips
 
 __all__ = [
     "BlendedDataset", "GPTDataset", "IndexCacheMissing", "MMapIndexedDataset", "MegatronPretrainingSampler", "SampleSkips",

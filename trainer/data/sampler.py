@@ -9,7 +9,7 @@ trainer just draws more micro-batches per step, and `consumed_samples` (the sum 
 batch sizes so far, saved in the checkpoint) is always where the next micro-step starts. Resuming
 with a new sampler at that value continues the stream exactly.
 
-With `skips` (a rollback's exact data skip, trainer/data/skips.py), the same is done on the KEPT
+With `skips` (a rollback's exact data skip, orchestrator/contract/client/skips.py), the same is done on the KEPT
 positions: the stream is the index order minus the skipped ranges, cut into micro-steps exactly
 as above, and `consumed_samples` stays a data position (skipped samples included) from which the
 kept stream resumes.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from trainer.data.skips import SampleSkips
+from orchestrator.contract.client.skips import SampleSkips
 
 
 class MegatronPretrainingSampler:

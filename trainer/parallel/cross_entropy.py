@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from orchestrator.contract.client.progress import waited
 from trainer.parallel import groups
-from trainer.progress import waited
 
 
 def _all_reduce(x: torch.Tensor, op=dist.ReduceOp.SUM) -> None:

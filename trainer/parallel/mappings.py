@@ -6,7 +6,7 @@
     gather_from_tp_region   forward: all-gather last dim             backward: keep my slice
 
 At tp = 1 all four are the identity and touch no process group (single-process use). Every
-collective is a wait for the TP peers (trainer.progress.waited): a rank blocked in one is not the
+collective is a wait for the TP peers (orchestrator.contract.client.progress.waited): a rank blocked in one is not the
 rank holding the group up.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from orchestrator.contract.client.progress import waited
 from trainer.parallel import groups
-from trainer.progress import waited
 
 
 def _all_reduce(x: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from orchestrator.contract.client.progress import waited
 from trainer.parallel import groups
 from trainer.parallel.mappings import (
     copy_to_tp_region,
@@ -37,7 +38,6 @@ from trainer.parallel.mappings import (
     reduce_from_tp_region,
     scatter_to_tp_region,
 )
-from trainer.progress import waited
 
 
 def param_seed(init_seed: int, name: str) -> int:

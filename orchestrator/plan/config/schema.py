@@ -52,6 +52,14 @@ TimeoutSeconds = Annotated[float, Field(ge=1.0)]
 ArgvItem = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 
+def program_absolute_or_on_path(command: list[str] | None) -> list[str] | None:
+    """A command's program is found the same way on every node: by its absolute path, or on PATH
+    (a relative path would depend on the folder the job starts in)."""
+    if command and "/" in command[0] and not command[0].startswith("/"):
+        raise ValueError(f"command[0] = {command[0]!r}: give an absolute path or a bare name found on PATH")
+    return command
+
+
 class ClusterConfig(Section):
     nodes: PositiveInt
     gpus_per_node: PositiveInt
@@ -81,6 +89,18 @@ class ClusterConfig(Section):
     # The interpreter that runs `-m trainer` on the compute nodes (a venv's python, usually; inside
     # the image with a `container:`). A venv's bin/python is used as written, never resolved.
     python: SafePath = "python3"
+    # What every rank runs, as an argv list (no shell: each word is quoted into the job script).
+    # Default: our trainer, `<python> -m trainer RUN_DIR`. Any other training loop that calls the
+    # client (orchestrator.contract.client) finds the run directory in $RUNCTL_RUN_DIR; see
+    # docs/own_training_loop.md. `python` stays the interpreter with this package on the nodes
+    # (health check, probe job). Such a loop gets no warm standby: a relaunch on a spare inside
+    # the job is a cold start of a new step.
+    command: Annotated[list[ArgvItem], Field(min_length=1, max_length=64)] | None = None
+    # Who starts the ranks: `rank` (srun starts one task per GPU, each task is one rank running
+    # `command`), or `node` (srun starts one task per node and `command` starts the node's
+    # gpus_per_node ranks itself, as `torchrun --nproc-per-node` does; torchrun's own variables
+    # PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT are set for it).
+    command_per: Literal["rank", "node"] = "rank"
     # The interpreter that runs the job launcher on the batch node, outside any container (it needs
     # only the orchestrator). Default: `python`. Required with a `container:`.
     launcher_python: SafePath | None = None
@@ -104,6 +124,11 @@ class ClusterConfig(Section):
             return normalise_slurm_time(value)
         except SlurmTimeError as exc:
             raise ValueError(str(exc)) from None
+
+    @field_validator("command")
+    @classmethod
+    def _command_program_absolute_or_on_path(cls, command: list[str] | None) -> list[str] | None:
+        return program_absolute_or_on_path(command)
 
     @field_validator("extra_sbatch")
     @classmethod
@@ -404,11 +429,7 @@ class HealthCheckConfig(Section):
     @field_validator("command")
     @classmethod
     def _program_absolute_or_on_path(cls, command: list[str] | None) -> list[str] | None:
-        if command and "/" in command[0] and not command[0].startswith("/"):
-            raise ValueError(
-                f"command[0] = {command[0]!r}: give an absolute path or a bare name found on PATH"
-            )
-        return command
+        return program_absolute_or_on_path(command)
 
 
 HealthPolicy = Literal["notify", "pause", "rollback"]

@@ -1,6 +1,6 @@
 """`python -m orchestrator.slurm.launcher`: every job script's program (see the package docstring).
 
-    python -m orchestrator.slurm.launcher --run-dir R --nodes N --tasks-per-node G --cpus-per-task C
+    python -m orchestrator.slurm.launcher --run-dir R [--python P] --nodes N --tasks-per-node G --cpus-per-task C
         --srun-wait W --decision-seconds D [--health --health-seconds H] [--no-label]
         [--srun-option=--OPTION[=VALUE] ...] -- <trainer command>
 
@@ -30,6 +30,11 @@ def parse_args(argv: list[str]) -> JobPlan:
         prog="python -m orchestrator.slurm.launcher", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--run-dir", required=True)
+    parser.add_argument(
+        "--python",
+        default="",
+        help="the nodes' interpreter with this package (default: the command's first word)",
+    )
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--tasks-per-node", type=int, required=True)
     parser.add_argument("--cpus-per-task", type=int, required=True)
@@ -53,7 +58,13 @@ def parse_args(argv: list[str]) -> JobPlan:
         site_options=tuple(args.srun_option),
     )  # fmt: skip
     return JobPlan(
-        Path(args.run_dir), layout, command, args.decision_seconds, args.health, args.health_seconds
+        Path(args.run_dir),
+        layout,
+        command,
+        args.decision_seconds,
+        args.health,
+        args.health_seconds,
+        args.python,
     )
 
 

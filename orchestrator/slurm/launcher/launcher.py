@@ -25,10 +25,11 @@ from orchestrator.contract import (
     write_allocation,
 )
 from orchestrator.contract.allocation import StandbyGo, write_standby_go
+from orchestrator.contract.client.supervision import RUN_DIR_VARIABLE
 from orchestrator.contract.filemodes import NotPrivateError, private_dir
 from orchestrator.slurm.nodes import node_address, slurm_hostnames
 
-from .srun_lines import Layout, health_argv, launch_argv, master_port, standby_argv
+from .srun_lines import Layout, health_argv, keeps_warm, launch_argv, master_port, standby_argv
 from .steps import Step, kill_step
 
 POLL_SECONDS = 0.5
@@ -51,10 +52,11 @@ class JobPlan:
 
     run_dir: Path
     layout: Layout
-    command: list[str]  # the trainer: <python> -m trainer RUN_DIR
+    command: list[str]  # what each task runs: our trainer (<python> -m trainer RUN_DIR) or cluster.command
     decision_seconds: float  # > 0: a job with spares waits this long for the controller's decision
     health: bool
     health_seconds: float
+    python: str = ""  # the interpreter with this package on the nodes (health check, standby); "": command[0]
 
 
 def master_address(node: str) -> str:
@@ -136,8 +138,13 @@ class Launcher:
         assert self.record is not None
         write_allocation(self.paths.allocation(self.job_id), self.record)
 
+    @property
+    def python(self) -> str:
+        return self.plan.python or self.plan.command[0]
+
     def _step_env(self, extra: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in self.env.items() if k not in ALLOCATION_WIDE}
+        env[RUN_DIR_VARIABLE] = str(self.paths.root)  # where any loop's client finds the run
         env.update(extra)
         return env
 
@@ -152,8 +159,7 @@ class Launcher:
             results.unlink()
         for stale in results.glob("*.json") if results.is_dir() else []:
             stale.unlink()  # a requeued job (same id) must not read its last run's results
-        python = self.plan.command[0]
-        argv = health_argv(self.plan.layout, nodes, python, str(self.paths.root), str(self.job_dir))
+        argv = health_argv(self.plan.layout, nodes, self.python, str(self.paths.root), str(self.job_dir))
         started = time.monotonic()
         proc = subprocess.Popen(argv, env=self._step_env({}))
         try:
@@ -235,10 +241,9 @@ class Launcher:
     # The warm standby (trainer/standby.py) ------------------------------------------------------
     @property
     def warm_standby(self) -> bool:
-        """Only the trainer itself can be kept warm (tests launch other programs), and only when
-        another launch may follow (a job with spares)."""
-        command = self.plan.command
-        return self.plan.decision_seconds > 0 and command[1:3] == ["-m", "trainer"] and len(command) == 4
+        """Only our trainer can be kept warm (srun_lines.keeps_warm: any other command is relaunched
+        cold), and only when another launch may follow (a job with spares)."""
+        return self.plan.decision_seconds > 0 and keeps_warm(self.plan.command)
 
     def _training(self, launch: int) -> bool:
         """Rank 0 of this launch reached its first step (the standby's imports would slow its init)."""
@@ -259,7 +264,7 @@ class Launcher:
         assert record is not None
         nodes = record.nodes + record.spares
         go_file = str(self.paths.standby_go(self.job_id, launch))
-        argv = standby_argv(self.plan.layout, launch, nodes, self.plan.command[0], go_file, self.plan.command)
+        argv = standby_argv(self.plan.layout, launch, nodes, self.python, go_file, self.plan.command)
         stderr = self.paths.standby_stderr(self.job_id, launch)
         self.standby = Step.start(argv, self._step_env({}), f"standby-{launch}", launch, nodes, stderr)
         log(f"standby for launch {launch} warming up on {','.join(nodes)}")

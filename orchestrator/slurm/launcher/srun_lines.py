@@ -76,3 +76,23 @@ def health_argv(layout: Layout, nodes: Sequence[str], python: str, run_dir: str,
         f"--nodelist={','.join(nodes)}", "--kill-on-bad-exit=0", "--job-name=health-check",
         *layout.site_options, python, "-m", "trainer.health", "--run-dir", run_dir, "--job-dir", job_dir,
     ]  # fmt: skip
+
+
+def keeps_warm(command: Sequence[str]) -> bool:
+    """Only our trainer (`<python> -m trainer RUN_DIR`) has a warm standby (trainer/standby.py
+    imports it and waits for the go); any other command is relaunched cold, as a new step."""
+    return list(command[1:3]) == ["-m", "trainer"] and len(command) == 4
+
+
+def node_ranks_argv(python: str, ranks_per_node: int, command: Sequence[str]) -> list[str]:
+    """One task per node running `command` (e.g. torchrun), behind the shim that sets torchrun's
+    variables of this node (orchestrator/slurm/launcher/node_ranks.py)."""
+    return [
+        python,
+        "-m",
+        "orchestrator.slurm.launcher.node_ranks",
+        "--ranks-per-node",
+        str(ranks_per_node),
+        "--",
+        *command,
+    ]

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from orchestrator.contract.client.skips import SampleSkips
 from orchestrator.contract.directive import CheckpointState, Rollback
-from trainer.data.skips import SampleSkips
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,26 @@ class RollbackState:
     def of(cls, state: CheckpointState | None) -> RollbackState:
         if state is None:  # a checkpoint from before trainer_state.json
             return cls()
-        return cls(state.applied_directives, SampleSkips(state.skip_samples), state.lr_scale, state.lr_scale_last_step)
+        return cls(
+            state.applied_directives,
+            SampleSkips(state.skip_samples),
+            state.lr_scale,
+            state.lr_scale_last_step,
+        )
 
-    def checkpoint_state(self, step: int, consumed_samples: int, lr_samples: int, skipped_total: int,
-                         global_batch: int) -> CheckpointState:
+    def checkpoint_state(
+        self, step: int, consumed_samples: int, lr_samples: int, skipped_total: int, global_batch: int
+    ) -> CheckpointState:
         return CheckpointState(
-            step=step, consumed_samples=consumed_samples, lr_samples=lr_samples, skipped_total=skipped_total,
-            global_batch=global_batch, applied_directives=self.applied, skip_samples=self.skips.ranges,
-            lr_scale=self.lr_scale, lr_scale_last_step=self.lr_scale_last_step,
+            step=step,
+            consumed_samples=consumed_samples,
+            lr_samples=lr_samples,
+            skipped_total=skipped_total,
+            global_batch=global_batch,
+            applied_directives=self.applied,
+            skip_samples=self.skips.ranges,
+            lr_scale=self.lr_scale,
+            lr_scale_last_step=self.lr_scale_last_step,
         )
 
 
@@ -65,8 +77,13 @@ def passed_over(directive: Rollback | None, step: int, state: CheckpointState | 
     return directive is not None and not has_applied(state, directive) and step > directive.to_step
 
 
-def resume_state(state: CheckpointState | None, directive: Rollback | None, step: int, consumed_samples: int,
-                 passed: Iterable[CheckpointState | None] = ()) -> RollbackState:
+def resume_state(
+    state: CheckpointState | None,
+    directive: Rollback | None,
+    step: int,
+    consumed_samples: int,
+    passed: Iterable[CheckpointState | None] = (),
+) -> RollbackState:
     """The rollback state to resume checkpoint (`step`, `consumed_samples`, `state`) with."""
     current = RollbackState.of(state)
     if directive is None or has_applied(state, directive):
@@ -77,13 +94,22 @@ def resume_state(state: CheckpointState | None, directive: Rollback | None, step
     for ident in [*(i for s in abandoned for i in s.applied_directives), directive.id]:
         if ident not in applied:
             applied.append(ident)
-    lr_window = (directive.lr_scale, step + directive.lr_scale_steps) if directive.lr_scale_steps else (1.0, 0)
-    return RollbackState(tuple(applied), current.skips.union(ahead.from_position(consumed_samples)), *lr_window)
+    lr_window = (
+        (directive.lr_scale, step + directive.lr_scale_steps) if directive.lr_scale_steps else (1.0, 0)
+    )
+    return RollbackState(
+        tuple(applied), current.skips.union(ahead.from_position(consumed_samples)), *lr_window
+    )
 
 
 def describe(directive: Rollback, step: int, resumed: RollbackState) -> str:
-    cut = (f", LR x{resumed.lr_scale:g} to step {resumed.lr_scale_last_step}" if resumed.lr_scale_last_step > step
-           else "")
-    return (f"rollback {directive.id} applied: resumed from step {step} (asked: <= {directive.to_step}), "
-            f"skipping samples {resumed.skips.as_lists()}{cut} ({directive.reason or 'no reason given'}, by "
-            f"{directive.requested_by or '?'})")
+    cut = (
+        f", LR x{resumed.lr_scale:g} to step {resumed.lr_scale_last_step}"
+        if resumed.lr_scale_last_step > step
+        else ""
+    )
+    return (
+        f"rollback {directive.id} applied: resumed from step {step} (asked: <= {directive.to_step}), "
+        f"skipping samples {resumed.skips.as_lists()}{cut} ({directive.reason or 'no reason given'}, by "
+        f"{directive.requested_by or '?'})"
+    )

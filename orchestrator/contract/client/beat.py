@@ -3,7 +3,7 @@
 Where it goes (orchestrator.contract.Heartbeat, NodeBeat):
 - a rank alone on its node writes `heartbeats/rank-NNNNN.json` every `watchdog.heartbeat_seconds`;
 - on a node of several ranks, every rank writes its beat about once a second into a node-local
-  folder in /dev/shm (trainer/node_beats.py), and local rank 0 gathers them into the node's one
+  folder in /dev/shm (orchestrator/contract/client/node_beats.py), and local rank 0 gathers them into the node's one
   file `heartbeats/node-<host>.json` every `watchdog.heartbeat_seconds`: 48 files for BLOOM's
   384 ranks instead of 384. A dead peer shows there as an entry whose `seq` stops; a dead local
   rank 0 as a node file that stops changing. Local rank 0 removes the node-local folder at exit.
@@ -11,7 +11,7 @@ Where it goes (orchestrator.contract.Heartbeat, NodeBeat):
 Three clocks in one beat:
 - `beat_time`/`seq`: moved by a daemon thread, whatever the loop does. They stop only when the
   process dies or is frozen (SIGSTOP, lost node).
-- `progress_count`/`progress_unit`/`mark_gaps`: the fine progress (trainer/progress.py): marks
+- `progress_count`/`progress_unit`/`mark_gaps`: the fine progress (orchestrator/contract/client/progress.py): marks
   bumped by hooks in the schedule and the checkpoint I/O, read here.
 - `progress_time`: the last mark's, or the loop's last `progress()`/`set_phase()`, whichever is
   later. A rank blocked in a collective keeps beating but its progress stands still: a hang.
@@ -46,15 +46,18 @@ from orchestrator.contract import (
     write_heartbeat,
     write_node_beat,
 )
-from trainer.node_beats import NodeLocalBeats
-from trainer.progress import COUNTER
+from orchestrator.contract.client.node_beats import NodeLocalBeats
+from orchestrator.contract.client.progress import COUNTER
+from orchestrator.contract.heartbeat import REQUIRED_FIELDS
 
-# What the loop may report in a beat (the rest is the writer's own bookkeeping).
-REPORTED = frozenset(f.name for f in fields(Heartbeat)) - {
-    "rank", "world_size", "host", "job_id", "pid", "step", "phase", "beat_time", "progress_time",
-    "phase_started", "restart_count", "process_started", "launch", "seq", "version", "durations",
-    "progress_count", "progress_unit", "mark_gaps",
-}
+# What the loop may report in a beat: not what every beat must have (the contract's), nor the
+# writer's own bookkeeping.
+REPORTED = (
+    frozenset(f.name for f in fields(Heartbeat))
+    - REQUIRED_FIELDS
+    - {"restart_count", "process_started", "launch", "seq", "version", "durations", "progress_count",
+       "progress_unit", "mark_gaps"}
+)  # fmt: skip
 LOCAL_BEAT_SECONDS = 1.0  # how often a rank of a shared node leaves its beat in /dev/shm
 
 
@@ -143,6 +146,12 @@ class HeartbeatWriter:
             self._reported.update(reported)
         self.write()
 
+    @property
+    def step_seconds(self) -> float | None:
+        """The time per step of the last progress (None before two steps in the STEP phase)."""
+        with self._lock:
+            return self._reported.get("step_seconds")
+
     def note(self, **reported) -> None:
         """Set fields of the beat (e.g. exit_code, resumed_from) without moving the progress time."""
         self._check(reported)
@@ -153,7 +162,9 @@ class HeartbeatWriter:
     def _check(reported: dict) -> None:
         unknown = sorted(set(reported) - REPORTED)
         if unknown:
-            raise TypeError(f"not a heartbeat field the loop reports: {unknown} (orchestrator.contract.Heartbeat)")
+            raise TypeError(
+                f"not a heartbeat field the loop reports: {unknown} (orchestrator.contract.Heartbeat)"
+            )
 
     def set_phase(self, phase: Phase, step: int | None = None) -> None:
         COUNTER.begin_phase(phase)
@@ -181,7 +192,10 @@ class HeartbeatWriter:
                 try:
                     self._node.sweep()  # earlier jobs' folders a SIGKILLed local rank 0 left
                 except OSError as exc:  # never a reason not to train
-                    print(f"[trainer rank {self.rank}] could not sweep {self._node.parent}: {exc}", file=sys.stderr)
+                    print(
+                        f"[trainer rank {self.rank}] could not sweep {self._node.parent}: {exc}",
+                        file=sys.stderr,
+                    )
         self._install_sigusr2()
         self.write()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-rank{self.rank}", daemon=True)

@@ -11,7 +11,8 @@ Three local observations, made each step by each rank:
 - a time-based checkpoint is due (`checkpoint.interval_hours`): only rank 0's clock counts, so
   that ranks with drifting clocks cannot disagree.
 
-They are packed into a small int tensor and all-reduced with MAX over the whole world: if any rank
+They are packed into a few ints and all-reduced with MAX over the whole world (torch.distributed's
+all_reduce, or the loop's own, passed as a callable): if any rank
 saw a flag, every rank acts on it at the same step, and a rank that did not see it yet cannot be
 left waiting in a collective the others skipped. The all-reduce is one 3-int collective per
 step, next to a step's gigabytes.
@@ -21,10 +22,14 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.contract import KILL_REQUEST, OperatorRequest, RunPaths
 from orchestrator.contract.requests import read_accepted
+
+# A loop's all-reduce of a few ints with MAX over every rank (the flags are 0 or 1).
+AllReduceMax = Callable[[list[int]], list[int]]
 
 # Set by the pre-timeout signal handler; read by Controls. Module-level so that the handler can be
 # installed at process start (a signal during a long init must not kill the process).
@@ -40,6 +45,22 @@ def install_signal_flag(name: str | None) -> None:
         _signal_received.append(signal.Signals(received).name)
 
     signal.signal(getattr(signal, f"SIG{name}"), handler)
+
+
+def torch_all_reduce_max(device=None) -> AllReduceMax:
+    """The agreement over torch.distributed's default group (a no-op outside one, or alone)."""
+
+    def reduce(flags: list[int]) -> list[int]:
+        import torch
+        import torch.distributed as tdist
+
+        if not (tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1):
+            return flags
+        tensor = torch.tensor(flags, dtype=torch.int32, device=device)
+        tdist.all_reduce(tensor, op=tdist.ReduceOp.MAX)
+        return [int(v) for v in tensor.tolist()]
+
+    return reduce
 
 
 @dataclass(frozen=True)
@@ -76,7 +97,9 @@ class Controls:
         self.last_checkpoint_time = time.time()
         self.kill_request: OperatorRequest | None = None
         if pre_timeout_signal and signal.getsignal(getattr(signal, f"SIG{pre_timeout_signal}")) in (
-            signal.SIG_DFL, signal.SIG_IGN, None,
+            signal.SIG_DFL,
+            signal.SIG_IGN,
+            None,
         ):
             install_signal_flag(pre_timeout_signal)
 
@@ -114,15 +137,13 @@ class Controls:
         return [int(self.kill_requested()), int(self.time_budget_reached()), int(self.checkpoint_due())]
 
     # -- the agreement -----------------------------------------------------------------------
-    def agree(self, local: list[int] | None = None) -> Agreement:
-        """Collective: every rank must call it at the same step."""
-        import torch
-        import torch.distributed as tdist
-
-        flags = torch.tensor(self.local_flags() if local is None else local, dtype=torch.int32, device=self.device)
-        if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
-            tdist.all_reduce(flags, op=tdist.ReduceOp.MAX)
-        kill, budget, due = (bool(v) for v in flags.tolist())
+    def agree(self, local: list[int] | None = None, all_reduce_max: AllReduceMax | None = None) -> Agreement:
+        """Collective: every rank must call it at the same step. `all_reduce_max`: the loop's own
+        all-reduce (element-wise MAX over every rank) of a short list of ints; torch.distributed's
+        when None (imported here, not before: the client works without torch)."""
+        flags = self.local_flags() if local is None else local
+        reduce = all_reduce_max if all_reduce_max is not None else torch_all_reduce_max(self.device)
+        kill, budget, due = (bool(v) for v in reduce(list(flags)))
         return Agreement(kill=kill, time_budget=budget, checkpoint_due=due)
 
     def describe_stop(self, decision: Agreement) -> str:

@@ -45,8 +45,10 @@ class NodeLocalBeats:
     def __init__(self, job_id: str, restart_count: int, launch: int, host: str, root: Path | None = None):
         name = f"{job_id}-{restart_count}-{launch}-{host}"
         if not SAFE_NAME.fullmatch(name):
-            raise ValueError(f"job id {job_id!r} and host {host!r} cannot name a folder under /dev/shm "
-                             "(letters, digits, . _ - only): set SLURM_JOB_ID/TRAINER_JOB_ID and SLURMD_NODENAME")
+            raise ValueError(
+                f"job id {job_id!r} and host {host!r} cannot name a folder under /dev/shm "
+                "(letters, digits, . _ - only): set SLURM_JOB_ID/TRAINER_JOB_ID and SLURMD_NODENAME"
+            )
         self.parent = (root or node_local_root()) / f"runctl-{os.geteuid()}"
         self.path = self.parent / name
         self._dir_fd: int | None = None
@@ -107,7 +109,11 @@ class NodeLocalBeats:
                 info = os.lstat(self.parent / name)
             except OSError:
                 continue
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or now - info.st_mtime < older_than:
+            if (
+                not stat.S_ISDIR(info.st_mode)
+                or info.st_uid != os.geteuid()
+                or now - info.st_mtime < older_than
+            ):
                 continue
             shutil.rmtree(self.parent / name, ignore_errors=True)  # fd-based: a link inside is not followed
             removed.append(name)
