@@ -127,9 +127,10 @@ def final_losses(paths: RunPaths) -> dict[int, float]:
     return {m["step"]: m["loss"] for m in read_jsonl(paths.metrics) if m.get("loss") is not None}
 
 
-def inject_once(step: int, rank: int, sig: signal.Signals, when=None):
+def inject_once(step: int, rank: int, sig: signal.Signals, when=None, kill=os.kill):
     """After `step` is reached (and `when(ctl)` holds, if given), send `sig` to the trainer process
-    of `rank` (its pid is in its heartbeat: the emulated nodes are all this machine)."""
+    of `rank` (its pid is in its heartbeat: the emulated nodes are all this machine; `kill` sends
+    it, for a cluster whose PID namespace numbers it)."""
     done = {}
 
     def act(ctl: Controller) -> None:
@@ -138,7 +139,7 @@ def inject_once(step: int, rank: int, sig: signal.Signals, when=None):
         beats = {b["rank"]: b for b in beats_of_running_job(ctl)}
         if rank in beats and beats[rank]["step"] >= step:
             try:
-                os.kill(beats[rank]["pid"], sig)
+                kill(beats[rank]["pid"], sig)
             except ProcessLookupError:  # a beat of a launch that has just ended: try the next pass
                 print(f"rank {rank}'s pid {beats[rank]['pid']} (step {beats[rank]['step']}) is gone; trying again")
                 return
@@ -174,6 +175,19 @@ def reference_losses(local_cluster, tmp_path_factory):
     return losses
 
 
+def standby_warm(job_id: str):
+    """A `when` for inject_once: the launcher has the warm standby of the next launch ready."""
+    from orchestrator.contract import read_allocation
+
+    def ready(ctl: Controller) -> bool:
+        try:
+            return bool(read_allocation(ctl.paths.allocation(job_id)).standby_ready)
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    return ready
+
+
 def assert_same_losses(paths: RunPaths, reference: dict[int, float]) -> None:
     losses = final_losses(paths)
     assert sorted(losses) == sorted(reference)
@@ -204,13 +218,7 @@ def test_sigkilled_rank_relaunched_on_a_spare_inside_the_same_job(e2e_run, refer
     job_id = submit_job(ctl.paths.root, cfg, ctl.scheduler, reason="initial")
     ctl.start()
 
-    def standby_warm(c: Controller) -> bool:
-        try:
-            return bool(read_allocation(c.paths.allocation(job_id)).standby_ready)
-        except (OSError, ValueError, AttributeError):
-            return False
-
-    act, done = inject_once(5, 2, signal.SIGKILL, when=standby_warm)
+    act, done = inject_once(5, 2, signal.SIGKILL, when=standby_warm(job_id))
     assert drive(ctl, 200, act=act) == RunStatus.FINISHED, job_outputs(ctl.paths)
     assert done, "the fault was never injected"
     failure = print_incident(ctl.paths)
