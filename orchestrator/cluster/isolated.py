@@ -147,6 +147,9 @@ class IsolatedCluster(LocalCluster):
         if proc.returncode != 0:
             raise ProcessLookupError(f"no process {pid} in the cluster's namespace: {proc.stderr.strip()}")
 
+    def _busy_ports(self, spec: ClusterSpec) -> list[int]:
+        return []  # a network namespace of its own: the host's ports do not matter
+
     # Daemons -----------------------------------------------------------------------------------
     def _start(self, name: str, argv: list[str]) -> int:
         return super()._start(name, [*self._enter(), "--", f"/usr/sbin/{Path(argv[0]).name}", *argv[1:]])
