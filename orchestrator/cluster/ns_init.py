@@ -7,7 +7,7 @@ It gives the namespaces what SLURM needs, then only reaps: every daemon, job ste
 command enters with `nsenter` (see `isolated.py`), and all of them die when this process dies.
 - Network: loopback plus a veth pair routed nowhere (slurmctld resolves its own address and
   refuses a namespace with loopback alone).
-- Files: an overlay of the shared root (never written) with a writable layer in the cluster dir;
+- Files: an overlay of the shared root (never written) with a writable layer in memory;
   the host's /dev and /sys (slurmd reads cgroup files), a /proc of this PID namespace, and the
   shared host paths (the cluster dir, the repository, the Python the jobs run) at their own
   paths, so a path means the same inside and out.
@@ -45,10 +45,14 @@ def setup(root: Path, cluster_dir: Path, shared: list[str]) -> Path:
     _run("ip", "addr", "add", "10.254.0.1/24", "dev", "rc0")
     _run("ip", "link", "set", "rc0", "up")
     _run("ip", "link", "set", "rc1", "up")
+    # The writable layer on a tmpfs of this namespace: overlayfs takes tmpfs as its upper layer
+    # wherever the cluster dir lives (an overlayfs /tmp, as in containers, would refuse).
     layer = cluster_dir / "root-layer"
+    layer.mkdir(exist_ok=True)
+    _run("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(layer))
     upper, work, merged = layer / "upper", layer / "work", layer / "merged"
     for folder in (upper, work, merged):
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir()
     _run(
         "mount",
         "-t",
