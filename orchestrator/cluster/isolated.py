@@ -67,10 +67,9 @@ class IsolatedCluster(LocalCluster):
     def init_pid_file(self) -> Path:
         return self.dir / "ns-init.pid"
 
-    def slurm_env(self) -> dict[str, str]:
-        env = super().slurm_env()
-        env["PATH"] = f"{self.bin_dir}:{env.get('PATH', '')}"
-        return env
+    def env(self) -> dict[str, str]:
+        """SLURM_CONF, and PATH with the wrappers first (they run 24.11's commands)."""
+        return {**super().env(), "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '')}"}
 
     # Namespaces --------------------------------------------------------------------------------
     def _init_pid(self) -> int | None:
