@@ -36,6 +36,7 @@ def _not_here(reason: str) -> None:
     pytest.skip(reason)
 
 
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: build only for tests that will run
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     wanted = [item for item in items if FIXTURE_2411 in getattr(item, "fixturenames", ())]
     if not wanted:
