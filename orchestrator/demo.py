@@ -10,6 +10,8 @@
    checkpoint;
 4. when training finishes, print the summary and where the report (loss curve PNG) is.
 
+`--slurm 24.11` (`make demo DEMO_ARGS="--slurm 24.11"`) runs it on Debian 13's Slurm 24.11 instead of
+the host's: the cluster of orchestrator/slurm/isolated.py (its root is built on first use, ~1-4 min).
 Without root or Debian's SLURM packages it stops and says why. `--mock` (or RUNCTL_SCHEDULER=mock;
 `make demo DEMO_ARGS=--mock`) runs it on the mocked SLURM in execute mode instead (batch scripts run
 on this machine through an srun shim; NOT SLURM): the mock is chosen only when asked for.
@@ -35,16 +37,21 @@ def say(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def real_cluster_or_reason(nodes: int):
+def real_cluster_or_reason(nodes: int, release: str = "22.05"):
     """(LocalCluster, env) or (None, why not)."""
+    from orchestrator.slurm.isolated import IsolatedCluster
     from orchestrator.slurm.local_cluster import ClusterSpec, LocalCluster, find_binary
 
-    missing = [b for b in ("slurmctld", "slurmd", "sbatch", "munged") if find_binary(b) is None]
+    # 24.11 comes from a root of its own: nothing of the host's SLURM is needed.
+    needed = ("slurmctld", "slurmd", "sbatch", "munged") if release == "22.05" else ()
+    missing = [b for b in needed if find_binary(b) is None]
     if os.geteuid() != 0:
         return None, "not root (the local cluster runs slurmd as root)"
     if missing and find_binary("apt-get") is None:
         return None, f"SLURM is not installed ({', '.join(missing)}) and this is not Debian (no apt-get)"
-    cluster = LocalCluster(DEMO_CLUSTER_DIR)
+    cluster = (
+        LocalCluster(DEMO_CLUSTER_DIR) if release == "22.05" else IsolatedCluster(f"{DEMO_CLUSTER_DIR}-2411")
+    )
     try:
         # Ports away from the default cluster (16817/17001+) and the test clusters (26000+).
         cluster.up(
@@ -98,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--mock", action="store_true", help="use the mocked SLURM even where a real cluster could run"
     )
+    parser.add_argument(
+        "--slurm", choices=("22.05", "24.11"), default="22.05",
+        help="the host's SLURM (Debian 12's 22.05) or Debian 13's 24.11 from a root of its own",
+    )  # fmt: skip
     parser.add_argument("--keep-cluster", action="store_true", help="leave the local cluster up at the end")
     parser.add_argument("--no-fault", action="store_true", help="do not kill a rank")
     parser.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
@@ -113,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir or REPO / "runs" / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     env = {**os.environ, "TRAINER_TENSORBOARD": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     use_mock = args.mock or os.environ.get("RUNCTL_SCHEDULER", "").strip().lower() == "mock"
-    cluster, why_not = (None, "the mock was asked for") if use_mock else real_cluster_or_reason(nodes=5)
+    cluster, why_not = (
+        (None, "the mock was asked for") if use_mock else real_cluster_or_reason(nodes=5, release=args.slurm)
+    )
     if cluster is None and not use_mock:
         print(
             f"demo: no local SLURM cluster: {why_not}.\nRun it as root on Debian (the demo installs "
@@ -125,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     if cluster is not None:
         from orchestrator.slurm.real import SlurmScheduler
 
-        say(f"local SLURM cluster up: 5 nodes (4 for the job, 1 spare), slurm.conf {cluster.slurm_conf}")
+        say(
+            f"local SLURM {args.slurm} cluster up: 5 nodes (4 for the job, 1 spare), slurm.conf {cluster.slurm_conf}"
+        )
         scheduler = SlurmScheduler(env={**env, **cluster.slurm_env()})
     else:
         from orchestrator.slurm.mock import MockScheduler
@@ -172,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             victim = _rank_beat(controller, a.job_id, 1)
             if victim:
                 say(f"SIMULATED GPU FAILURE: SIGKILL rank 1 (pid {victim.pid}) at step {victim.step}")
-                try:
-                    os.kill(victim.pid, signal.SIGKILL)
+                try:  # the 24.11 cluster's ranks have pids of its own PID namespace
+                    getattr(cluster, "signal_in_cluster", os.kill)(victim.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     return
                 fault["done"] = True

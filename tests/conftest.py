@@ -11,8 +11,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = REPO_ROOT / "configs"
-# Fixtures of the SLURM layer (local_cluster, slurm_scheduler, mock_slurm_dir).
-pytest_plugins = ["tests.fixtures_slurm", "tests.fixtures_disk"]
+# Fixtures of the SLURM layer (local_cluster, slurm_scheduler, mock_slurm_dir; the 24.11 cluster and
+# accounting in fixtures_slurm_releases).
+pytest_plugins = ["tests.fixtures_slurm", "tests.fixtures_slurm_releases", "tests.fixtures_disk"]
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 # Without a GPU, Triton kernels can only run interpreted, and triton fixes compiled/interpreted at
 # its first import (transformers and deepspeed import it): decide before any test module loads.

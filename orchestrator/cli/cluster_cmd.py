@@ -7,7 +7,7 @@ import json
 import shlex
 import time
 
-from orchestrator.errors import EXIT_FAILURE, EXIT_OK
+from orchestrator.errors import EXIT_FAILURE, EXIT_OK, UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,6 +41,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--slurmd-base-port", type=int, default=17001, help="node k listens on this + k - 1 (default 17001)"
     )
     up.add_argument("--no-install", action="store_true", help="never apt-get install")
+    up.add_argument(
+        "--accounting", action="store_true",
+        help="slurmdbd and MariaDB of the cluster's own, so sacct answers for ended jobs (22.05 only)",
+    )  # fmt: skip
+    up.add_argument(
+        "--slurm", choices=("22.05", "24.11"), default="22.05",
+        help="the host's SLURM, or Debian 13's 24.11 from a root built once in /var/cache/runctl",
+    )  # fmt: skip
     up.add_argument("--json", action="store_true")
     up.set_defaults(func=run_up)
 
@@ -59,9 +67,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cluster(args: argparse.Namespace):
+    """The kind `up` asked for; for down/status/env, the kind the directory holds."""
+    from orchestrator.slurm.accounting import AccountedCluster
+    from orchestrator.slurm.isolated import IsolatedCluster
     from orchestrator.slurm.local_cluster import LocalCluster
 
-    return LocalCluster(args.dir)
+    plain = LocalCluster(args.dir)
+    release = getattr(args, "slurm", None)
+    if release == "24.11" or (release is None and IsolatedCluster(args.dir).init_pid_file.exists()):
+        if getattr(args, "accounting", False):
+            raise UsageError(
+                "--accounting runs on 22.05 only (24.11's slurmdbd fails on Debian 13's MariaDB)"
+            )
+        return IsolatedCluster(args.dir)
+    if getattr(args, "accounting", False) or (release is None and (plain.dir / "accounting.json").exists()):
+        return AccountedCluster(args.dir)
+    return plain
 
 
 def _print_status(status: dict) -> None:

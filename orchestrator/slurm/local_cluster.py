@@ -344,11 +344,7 @@ class LocalCluster:
                 self._wait_idle(spec, timeout)
                 return self.status()
             self.down()
-        busy = [
-            p
-            for p in [spec.ctld_port, *range(spec.slurmd_base_port, spec.slurmd_base_port + spec.nodes)]
-            if port_busy(p)
-        ]
+        busy = self._busy_ports(spec)
         if busy:
             raise ClusterError(
                 f"port(s) {busy[:5]} on 127.0.0.1 are in use (another local cluster?): stop it with "
@@ -389,6 +385,11 @@ class LocalCluster:
         record["up_seconds"] = round(time.time() - started, 2)
         atomic_write_json(self.record_path, record)
         return self.status()
+
+    def _busy_ports(self, spec: ClusterSpec) -> list[int]:
+        """The cluster's ports that something on this machine's network already holds."""
+        ports = [spec.ctld_port, *range(spec.slurmd_base_port, spec.slurmd_base_port + spec.nodes)]
+        return [p for p in ports if port_busy(p)]
 
     def _wait_for(self, predicate: Any, timeout: float, what: str, log_name: str) -> None:
         deadline = time.time() + timeout

@@ -43,3 +43,12 @@ def run_env(tmp_path):
 
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def reference_losses(local_cluster, tmp_path_factory):
+    """The e2e tests' 12 steps, uninterrupted, on the 22.05 cluster: computed once for the session,
+    since the 24.11 drill (test_e2e_slurm_2411.py) must reach the same losses too."""
+    from test_e2e_slurm import reference_run
+
+    return reference_run(local_cluster, tmp_path_factory)

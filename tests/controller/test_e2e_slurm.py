@@ -2,11 +2,10 @@
 
 The demo model (tp=2, pp=2) as 2 nodes x 2 ranks, so that the 4-node test cluster has spare
 nodes for the exclude list. Every run is 12 steps with checkpoints every 4 (TRAINER_MAX_STEPS).
-- a rank SIGKILLed (2 nodes + 1 spare): srun reports the killed task, the controller decides from
-  that report, the launcher relaunches on the spare inside the same job; same losses (the job-level
-  restart without the node is the SIGSTOP case's; the SIGKILL-to-job-level test was dropped on
-  2026-12-02 to keep `make test` under 25 minutes: srun's report is parsed by the same launcher
-  code with or without spares);
+- a rank SIGKILLed (2 nodes + 1 spare), relaunched on the spare inside the same job: on the 24.11
+  cluster, in test_e2e_slurm_2411.py, against this module's reference losses (the job-level restart
+  without the node is the SIGSTOP case's; srun's report is parsed by the same launcher code with
+  or without spares);
 - a rank SIGSTOPped: its beat stops, the others hang in the collective; the controller asks for
   stacks, cancels, excludes the node, restarts; same losses; and SLURM itself (`scontrol show
   job`, `squeue --json`) shows the restarted job on other nodes, with the bad node in its
@@ -127,9 +126,10 @@ def final_losses(paths: RunPaths) -> dict[int, float]:
     return {m["step"]: m["loss"] for m in read_jsonl(paths.metrics) if m.get("loss") is not None}
 
 
-def inject_once(step: int, rank: int, sig: signal.Signals, when=None):
+def inject_once(step: int, rank: int, sig: signal.Signals, when=None, kill=os.kill):
     """After `step` is reached (and `when(ctl)` holds, if given), send `sig` to the trainer process
-    of `rank` (its pid is in its heartbeat: the emulated nodes are all this machine)."""
+    of `rank` (its pid is in its heartbeat: the emulated nodes are all this machine; `kill` sends
+    it, for a cluster whose PID namespace numbers it)."""
     done = {}
 
     def act(ctl: Controller) -> None:
@@ -138,7 +138,7 @@ def inject_once(step: int, rank: int, sig: signal.Signals, when=None):
         beats = {b["rank"]: b for b in beats_of_running_job(ctl)}
         if rank in beats and beats[rank]["step"] >= step:
             try:
-                os.kill(beats[rank]["pid"], sig)
+                kill(beats[rank]["pid"], sig)
             except ProcessLookupError:  # a beat of a launch that has just ended: try the next pass
                 print(f"rank {rank}'s pid {beats[rank]['pid']} (step {beats[rank]['step']}) is gone; trying again")
                 return
@@ -148,9 +148,9 @@ def inject_once(step: int, rank: int, sig: signal.Signals, when=None):
     return act, done
 
 
-@pytest.fixture(scope="module")
-def reference_losses(local_cluster, tmp_path_factory):
-    """The same 12 steps, uninterrupted (computed once for the module)."""
+def reference_run(local_cluster, tmp_path_factory) -> dict[int, float]:
+    """The same 12 steps, uninterrupted: the `reference_losses` fixture of conftest.py (once a
+    session, on 22.05; the 24.11 drill compares with it too: the trainer is the same)."""
     from orchestrator.operate.runs import prepare_run_dir, submit_job
     from orchestrator.slurm.real import SlurmScheduler
 
@@ -174,6 +174,19 @@ def reference_losses(local_cluster, tmp_path_factory):
     return losses
 
 
+def standby_warm(job_id: str):
+    """A `when` for inject_once: the launcher has the warm standby of the next launch ready."""
+    from orchestrator.contract import read_allocation
+
+    def ready(ctl: Controller) -> bool:
+        try:
+            return bool(read_allocation(ctl.paths.allocation(job_id)).standby_ready)
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    return ready
+
+
 def assert_same_losses(paths: RunPaths, reference: dict[int, float]) -> None:
     losses = final_losses(paths)
     assert sorted(losses) == sorted(reference)
@@ -189,56 +202,6 @@ def print_incident(paths: RunPaths) -> dict:
     print(f"{failure['cause']}: detected {failure['detection_time'] - failure['failure_time']:.1f} s after the failure; "
           f"first step after the restart {first['seconds_since_failure']:.1f} s after the failure")
     return failure
-
-
-def test_sigkilled_rank_relaunched_on_a_spare_inside_the_same_job(e2e_run, reference_losses):
-    """2 nodes + 1 spare: the launch fails, the controller decides, the launcher relaunches on the
-    spare inside the same SLURM job (no new submission), and the losses equal an uninterrupted run's."""
-    # 3 s a step: the failure comes once the warm standby for launch 1 is ready (as hours into a
-    # real run), so launch 1 must start from it.
-    cfg, ctl = e2e_run(spare_nodes=1, env_extra={"TRAINER_STEP_DELAY_SECONDS": "3"})
-    from orchestrator.contract import read_allocation
-    from orchestrator.operate.runs import submit_job
-    from orchestrator.slurm.hostlist import expand_hostlist
-
-    job_id = submit_job(ctl.paths.root, cfg, ctl.scheduler, reason="initial")
-    ctl.start()
-
-    def standby_warm(c: Controller) -> bool:
-        try:
-            return bool(read_allocation(c.paths.allocation(job_id)).standby_ready)
-        except (OSError, ValueError, AttributeError):
-            return False
-
-    act, done = inject_once(5, 2, signal.SIGKILL, when=standby_warm)
-    assert drive(ctl, 200, act=act) == RunStatus.FINISHED, job_outputs(ctl.paths)
-    assert done, "the fault was never injected"
-    failure = print_incident(ctl.paths)
-    events = event_dicts(ctl.paths)
-    restart = next(e for e in events if e["event"] == "restart")
-    assert failure["cause"] == "launch_failed" and "Killed" in (failure.get("srun_says") or ""), failure
-    # the killed rank printed no error; its peers' (a closed connection) are not the cause
-    assert failure.get("rank_error") is None, failure
-    assert restart["in_allocation"] and restart["job_id"] == failure["job_id"] == str(job_id), restart
-    assert restart["resume_step"] in (4, 8) and restart["resume_step"] <= failure["last_step"], restart
-    assert [j.job_id for j in ctl.state.jobs] == [str(job_id)], "one SLURM job from start to finish"
-    assert not [e for e in events if e["event"] == "job_submitted"], "nothing was resubmitted"
-    # SLURM's own view: the job held 3 nodes; the launcher's record: launch 1 left out the failed
-    # node and ran on the spare; the ranks of launch 1 beat from there.
-    held = expand_hostlist(ctl.scheduler.show_job(str(job_id))["NodeList"])
-    allocation = read_allocation(ctl.paths.allocation(job_id))
-    print(f"SLURM: job {job_id} held {held}; launcher: {allocation}")
-    assert len(held) == 3 and allocation.launch == 1 and allocation.exit_code == 0
-    assert list(allocation.left_out) == [failure["host"]] and failure["host"] not in allocation.nodes
-    assert set(allocation.nodes) <= set(held) and len(allocation.nodes) == 2
-    beats = [b.to_dict() for b in read_heartbeats(ctl.paths.heartbeats)]
-    launch1 = [b for b in beats if b["launch"] == 1]  # the left-out node's file still holds launch 0
-    assert sorted(b["rank"] for b in launch1) == [0, 1, 2, 3] and {b["host"] for b in launch1} == set(allocation.nodes)
-    assert excluded_nodes(ctl.paths) == [failure["host"]]
-    output = (ctl.paths.jobs / f"slurm-{job_id}.out").read_text(errors="replace")
-    print("\n".join(line for line in output.splitlines() if line.startswith("runctl launcher")))
-    assert "launch 1 on " in output and "(warm standby;" in output, "launch 1 must be the warm standby"
-    assert_same_losses(ctl.paths, reference_losses)
 
 
 def test_sigstopped_rank_detected_stacks_dumped_node_excluded(e2e_run, reference_losses):
