@@ -74,9 +74,11 @@ def e2e_run(local_cluster):
         spare_nodes: int = 0,
         env_extra: dict | None = None,
         notifications: dict | None = None,
+        checkpoint: dict | None = None,
     ):
-        cfg = e2e_config(operators, spare_nodes, notifications=notifications)
         root = Path(tempfile.mkdtemp(prefix="rc-e2e-", dir="/tmp"))
+        checkpoint = {k: str(root / v) if k == "local_dir" else v for k, v in (checkpoint or {}).items()}
+        cfg = e2e_config(operators, spare_nodes, checkpoint=checkpoint, notifications=notifications)
         os.chmod(root, 0o755)
         prepare_run_dir(cfg, root / "run")
         os.chmod(root / "run", 0o755)
@@ -193,10 +195,14 @@ def print_incident(paths: RunPaths) -> dict:
 
 def test_sigkilled_rank_relaunched_on_a_spare_inside_the_same_job(e2e_run, reference_losses):
     """2 nodes + 1 spare: the launch fails, the controller decides, the launcher relaunches on the
-    spare inside the same SLURM job (no new submission), and the losses equal an uninterrupted run's."""
+    spare inside the same SLURM job (no new submission), and the losses equal an uninterrupted run's.
+    With node-local copies (async saves, `checkpoint.local_dir`): the surviving node loads its own
+    copy, the spare fetches the killed node's files from its buddy, and the relaunch reads 0 bytes
+    of the shared checkpoint."""
     # 3 s a step: the failure comes once the warm standby for launch 1 is ready (as hours into a
     # real run), so launch 1 must start from it.
-    cfg, ctl = e2e_run(spare_nodes=1, env_extra={"TRAINER_STEP_DELAY_SECONDS": "3"})
+    cfg, ctl = e2e_run(spare_nodes=1, env_extra={"TRAINER_STEP_DELAY_SECONDS": "3"},
+                       checkpoint={"async_save": True, "local_dir": "node-local"})
     from orchestrator.contract import read_allocation
     from orchestrator.runs import submit_job
     from orchestrator.slurm.hostlist import expand_hostlist
@@ -239,6 +245,19 @@ def test_sigkilled_rank_relaunched_on_a_spare_inside_the_same_job(e2e_run, refer
     print("\n".join(line for line in output.splitlines() if line.startswith("runctl launcher")))
     assert "launch 1 on " in output and "(warm standby;" in output, "launch 1 must be the warm standby"
     assert_same_losses(ctl.paths, reference_losses)
+    # the restore of launch 1: every file each rank read, where from; nothing from the shared copy
+    first = next(e for e in events if e["event"] == "first_step_after_restart")
+    print(f"launch 1 read {first['restore_bytes']} bytes by source; its start (s): {first['start_phases']}")
+    # (srun --label starts each line with its task number)
+    reads = [line.split(": ", 1)[1] for line in output.splitlines() if ": [restore rank" in line]
+    print("\n".join(reads))
+    assert first["restore_bytes"]["shared"] == 0 and first["restore_bytes"]["peer"] > 0, first
+    assert first["restore_bytes"]["local"] > 0 and not [line for line in reads if " from shared " in line]
+    assert {line.split("]")[0] for line in reads} == {f"[restore rank {r}" for r in range(4)}
+    # (the emulated nodes share one disk: the killed node's copies are still there, never read)
+    assert not [line for line in reads if f"/{failure['host']}/" in line]
+    assert all("/fetched/" in line for line in reads if " from peer " in line)
+    assert not [e for e in events if e["event"] == "checkpoint_copy_dropped"]
 
 
 def test_sigstopped_rank_detected_stacks_dumped_node_excluded(e2e_run, reference_losses):
