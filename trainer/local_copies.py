@@ -38,6 +38,7 @@ from orchestrator.contract import CHECKPOINT_NAME_FORMAT, MANIFEST_NAME, step_of
 
 OWN, PEER, FETCHED = "own", "peer", "fetched"
 OWNERS_NAME = "owners.json"
+RESTORE_PREFIX = "restore-rank-"  # restore-rank-NNNNN/step_N: what one rank's restore loads (trainer/restore_order.py)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 KEEP_STEPS = 1  # the newest sealed copy, plus the one being written: local space is scarce
 
@@ -164,6 +165,16 @@ class LocalStore:
                         held[str(path.relative_to(root))] = kind
         return held
 
+    def read_held(self, step: int, kind: str, rel: str) -> bytearray | None:
+        """A copy's bytes in a buffer of their own (sent as a tensor over it, without a copy)."""
+        try:
+            with open(self.path(step, kind, rel), "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                data = bytearray(size)
+                return data if handle.readinto(data) == size else None
+        except OSError:
+            return None
+
     def manifest_text(self, step: int) -> str:
         return (self.step_dir(step) / MANIFEST_NAME).read_text()
 
@@ -178,13 +189,14 @@ class LocalStore:
             pass
 
     def prune(self, keep: int) -> None:
-        """Every step folder but `keep`'s and any newer one (a save in flight)."""
+        """Every step folder but `keep`'s and any newer one (a save in flight), and the folders a
+        restore loaded from."""
         if not self.usable():
             return
         for child in self.base.iterdir():
             step = step_of(child.name)
-            if step is not None and step < keep:
-                shutil.rmtree(child, ignore_errors=True)
+            if (step is not None and step < keep) or child.name.startswith(RESTORE_PREFIX):
+                shutil.rmtree(child, ignore_errors=True)  # a restore's links hold old files' space
 
 
 # -- the buddy ring -------------------------------------------------------------------------------

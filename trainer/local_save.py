@@ -150,13 +150,10 @@ class LocalCopies:
                           if rel in entries and owners.get(rel) == rank]
         return transfers
 
-    def _read_own(self, step: int, rel: str) -> bytes | None:
-        try:
-            return self.store.path(step, OWN, rel).read_bytes()
-        except OSError:
-            return None
+    def _read_own(self, step: int, rel: str) -> bytearray | None:
+        return self.store.read_held(step, OWN, rel)
 
-    def _keep_replica(self, step: int, rel: str, data: bytes | None) -> None:
+    def _keep_replica(self, step: int, rel: str, data: memoryview | None) -> None:
         if data is None:
             return
         try:

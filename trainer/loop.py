@@ -186,7 +186,7 @@ class Trainer:
             from trainer import restore_order
 
             self.local_step = restore_order.newest_local_step(cfg, self.paths.root, self.dist.job_id,
-                                                              self.layout_dict)
+                                                              self.layout_dict, self.paths.checkpoints)
             PHASES.mark("local_copies_found")
         self.candidate = next(self.candidates, None) if self.local_step is None else None
         self.universal = self.candidate is not None and self.candidate.universal
@@ -203,6 +203,7 @@ class Trainer:
                        f"{len(groups)} param groups {[g.get('name') for g in groups]}, layout tp={self.layout.tp} "
                        f"pp={self.layout.pp} dp={self.layout.dp}")
         self.uc_info = universal_checkpoint_info(cfg, self.layout)
+        PHASES.mark("engine")
         self.async_writer = None
         if cfg.checkpoint.async_save:  # every rank, same point: it creates the writers' process group
             from trainer.async_checkpoint import AsyncCheckpointer
@@ -210,7 +211,7 @@ class Trainer:
 
             self.async_writer = AsyncCheckpointer(self.faults, lambda group: LocalCopies.start(
                 cfg, self.paths.root, self.dist.job_id, group))
-        PHASES.mark("engine")
+        PHASES.mark("checkpoint_writer")
         self.dp_rank = self.engine.grid.get_data_parallel_id()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and \
             os.environ.get("DS_ACCELERATOR") != "cpu" else None

@@ -50,11 +50,13 @@ def schedule_rounds(transfers: list[Transfer]) -> list[list[Transfer]]:
     return rounds
 
 
-def run_transfers(transfers: list[Transfer], group, read: Callable[[Transfer], bytes | None],
-                  write: Callable[[Transfer, bytes | None], None]) -> int:
+def run_transfers(transfers: list[Transfer], group, read: Callable[[Transfer], bytearray | None],
+                  write: Callable[[Transfer, memoryview | None], None]) -> int:
     """Collective over `group` (every rank passes the same list). `read(t)` on the sender: the
-    bytes, or None when it cannot; `write(t, data)` on the receiver: data None when the sender
-    could not. Returns the bytes this rank received."""
+    bytes (a bytearray: sent as a tensor over that very buffer), or None when it cannot;
+    `write(t, data)` on the receiver: a view of the received bytes, None when the sender could
+    not. Returns the bytes this rank received. A file is held in memory whole while it moves: at
+    BLOOM's size a rank's largest file (its ZeRO partition, ~5 GB) once on each side."""
     rank = tdist.get_rank()
     received = 0
     for batch in schedule_rounds(transfers):
@@ -76,8 +78,7 @@ def run_transfers(transfers: list[Transfer], group, read: Callable[[Transfer], b
         pending, buffers = [], {}
         for t in mine_out:
             if payload[t] is not None and t.size:
-                pending.append(tdist.isend(torch.frombuffer(bytearray(payload[t]), dtype=torch.uint8), t.dst,
-                                           group=group))
+                pending.append(tdist.isend(torch.frombuffer(payload[t], dtype=torch.uint8), t.dst, group=group))
         for t in mine_in:
             size = int(headers_in[t].item())
             if size > 0:
@@ -87,7 +88,7 @@ def run_transfers(transfers: list[Transfer], group, read: Callable[[Transfer], b
             work.wait()
         for t in mine_in:
             size = int(headers_in[t].item())
-            data = None if size < 0 else (buffers[t].numpy().tobytes() if size else b"")
-            received += len(data or b"")
+            data = None if size < 0 else memoryview(buffers[t].numpy()) if size else memoryview(b"")
+            received += max(size, 0)
             write(t, data)
     return received

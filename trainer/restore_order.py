@@ -7,8 +7,8 @@ rollback directive or replay pins the choice, and a node of this job holds a sea
 copy as always).
 
 1. `newest_local_step` (before the engine exists): the newest step some node holds, whose
-   manifest (the same on every node that holds it) was saved at this layout. Nothing of the shared
-   checkpoint is read.
+   manifest (the same on every node that holds it) was saved at this layout, if it is the one
+   `checkpoints/latest` names. Nothing of the shared checkpoint is read but that name.
 2. `prepare` (once the engine exists: DeepSpeed's own naming says which files each rank reads):
    every rank lists the files its load reads (`files_read_by`); for each file, in this order:
    its node's copy (own files first, then a buddy replica), then each other node that holds it
@@ -39,10 +39,11 @@ from orchestrator.contract import (
     CHECKPOINT_STATE_NAME,
     MANIFEST_NAME,
     PROBE_NAME,
+    read_latest,
     sha256_file,
 )
 from trainer.checkpoint_format import dist_world, gather_to_all
-from trainer.local_copies import FETCHED, OWN, LocalCopyError, LocalStore, node_name
+from trainer.local_copies import FETCHED, OWN, RESTORE_PREFIX, LocalCopyError, LocalStore, node_name
 from trainer.peer_replica import Transfer, run_transfers
 
 LOCAL, FROM_PEER, SHARED = "local", "peer", "shared"  # where a file read at the restore came from
@@ -84,8 +85,13 @@ def _store(cfg, run_dir: Path, job_id: str) -> LocalStore | None:
     return store if store.usable() else None
 
 
-def newest_local_step(cfg, run_dir: Path, job_id: str, layout: dict[str, int]) -> int | None:
-    """Collective. The step to restore from local copies, or None (restore from the shared copy)."""
+def newest_local_step(cfg, run_dir: Path, job_id: str, layout: dict[str, int], checkpoints: Path) -> int | None:
+    """Collective. The step to restore from local copies, or None (restore from the shared copy).
+    It must be the one `checkpoints/latest` names (a name, read by rank 0: no checkpoint bytes):
+    a process that died between sealing the shared checkpoint and its local copy leaves the local
+    copies a step behind, and the shared one is then the newer."""
+    rank, _ = dist_world()
+    latest = gather_to_all(read_latest(checkpoints) if rank == 0 else None)[0]
     store = _store(cfg, run_dir, job_id)
     mine = None
     if store is not None:
@@ -104,7 +110,9 @@ def newest_local_step(cfg, run_dir: Path, job_id: str, layout: dict[str, int]) -
     if len(at_step) != 1:
         return None  # two saves of one step differ between nodes: only the shared copy is sure
     layout_saved = next(iter(at_step))[1]
-    return step if json.loads(layout_saved) == layout else None
+    if latest != CHECKPOINT_NAME_FORMAT.format(step=step) or json.loads(layout_saved) != layout:
+        return None
+    return step
 
 
 def sha256_text(text: str) -> str:
@@ -257,17 +265,12 @@ def _by_node(everyone: list) -> dict[str, tuple]:
     return out
 
 
-def _read_held(store: LocalStore, step: int, rel: str) -> bytes | None:
+def _read_held(store: LocalStore, step: int, rel: str) -> bytearray | None:
     kind = store.holdings(step).get(rel)
-    if kind is None:
-        return None
-    try:
-        return store.path(step, kind, rel).read_bytes()
-    except OSError:
-        return None
+    return None if kind is None else store.read_held(step, kind, rel)
 
 
-def _keep_fetched(store: LocalStore, step: int, rel: str, data: bytes | None) -> None:
+def _keep_fetched(store: LocalStore, step: int, rel: str, data: memoryview | None) -> None:
     if data is not None:
         store.write_file(step, FETCHED, rel, data)
 
@@ -278,7 +281,7 @@ def _link_restore_folder(store: LocalStore, step: int, rank: int, entries: dict,
     """restore-rank-NNNNN/step_N: hard links to the checked copies (copies of the JSON records,
     which their reader wants plain: one link, no symlink), the shared path for everything else (a layer file of another TP rank that
     DeepSpeed's glob must see but does not read; a file no copy had)."""
-    root = store.base / f"restore-rank-{rank:05d}"
+    root = store.base / f"{RESTORE_PREFIX}{rank:05d}"
     shutil.rmtree(root, ignore_errors=True)
     folder = root / CHECKPOINT_NAME_FORMAT.format(step=step)
     folder.mkdir(parents=True, mode=0o700)
