@@ -5,7 +5,7 @@ on the real local SLURM cluster.
     python bench/recovery_paths.py [--out bench/results/recovery.json] [--rounds 1]
 
 Each round runs the same training twice with the real controller and `python -m trainer` (the demo
-model, tp=2 x pp=2, 2 nodes x 2 ranks, checkpoints every 4 steps, 28 steps of at least 1.5 s), and
+model, tp=2 x pp=2, 2 nodes x 2 ranks, checkpoints every 4 steps, 40 steps of at least 1.5 s), and
 SIGKILLs rank 2 once it reaches step 9 (with spares: and once the warm standby is ready, as it is
 hours into a real run):
 - job_level: `cluster.spare_nodes: 0`: srun ends the job, the controller sees it end, excludes the
@@ -66,7 +66,7 @@ from orchestrator.controller import Controller
 from orchestrator.runs import prepare_run_dir, submit_job
 from orchestrator.slurm.real import SlurmScheduler
 
-STEPS, KILL_AT_STEP, KILL_RANK = 28, 9, 2
+STEPS, KILL_AT_STEP, KILL_RANK = 40, 9, 2
 STEP_DELAY_SECONDS = "1.5"  # both paths: room for the warm standby to be ready before the failure
 
 
