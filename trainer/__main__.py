@@ -71,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.CONFIG_ERROR)
     # The checkpoints are where the config says (checkpoint.dir), as for the controller.
     paths = RunPaths.of(argv[0], cfg.checkpoint.dir)
+    from trainer.start_phases import PHASES
+
+    PHASES.start(process_start)
+    PHASES.mark("config")
 
     from trainer.launch import dist_env_from, init_distributed, shutdown_distributed
     from trainer.loop import Overrides
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     code = ExitCode.FAILED
     try:
         init_distributed(dist, "cpu" if os.environ.get("DS_ACCELERATOR") == "cpu" else cfg.cluster.accelerator)
+        PHASES.mark("rendezvous")
         import bloom_kernels
 
         bloom_kernels.set_kernel_path(cfg.model.kernels)

@@ -129,10 +129,12 @@ def persist(path: Path, state: Any, serialization: bool, after_chunk=None) -> di
 class AsyncCheckpointer:
     """One per rank, created by every rank at the same point (it creates a process group)."""
 
-    def __init__(self, faults=None) -> None:
+    def __init__(self, faults=None, local_copies=None) -> None:
         self.rank, self.world = dist_world()
         # The writer's own group: gloo works for CPU objects on any backend's job.
         self.group = tdist.new_group(backend="gloo") if self.world > 1 else None
+        # trainer.local_save.LocalCopies (checkpoint.local_dir), or None: made with the group.
+        self.local = local_copies(self.group) if local_copies is not None else None
         self.faults = faults
         self.thread: threading.Thread | None = None
         self.in_flight: str | None = None
@@ -195,7 +197,10 @@ class AsyncCheckpointer:
                     self.faults.at_checkpoint("write", step, files_written=index)
                 path = Path(files[index][0])
                 after_chunk = None if self.faults is None else self.faults.save_chunk_hook()
-                mine[str(path.relative_to(ckpt_dir))] = persist(path, files[index][1], serialization, after_chunk)
+                rel = str(path.relative_to(ckpt_dir))
+                mine[rel] = persist(path, files[index][1], serialization, after_chunk)
+                if self.local is not None:
+                    self.local.keep_own(step, rel, files[index][1], serialization, mine[rel])
             for directory in {ckpt_dir.parent, ckpt_dir, *((ckpt_dir / rel).parent for rel in mine)}:
                 fsync_dir(directory)  # the new names are durable too, not just the bytes
         except Exception as exc:  # reported to rank 0, which then does not seal
@@ -213,21 +218,31 @@ class AsyncCheckpointer:
                 return
         errors = [e for e, _ in reports if e]
         self.last_ok = not errors
-        if self.rank != 0:
-            return
+        sealed = self.rank == 0 and self._seal_reported(paths, ckpt_dir, reports, meta, keep_last, errors, started)
+        if self.local is not None:  # every rank: it is collective over the writers' group
+            try:
+                self.local.after_seal(self.group, ckpt_dir, step, reports, sealed, step)
+            except Exception as exc:  # the shared copy is sealed or not regardless: never fail the save
+                print(f"[checkpoint] rank {self.rank}: local copies of {ckpt_dir.name} not kept: "
+                      f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+    def _seal_reported(self, paths: RunPaths, ckpt_dir: Path, reports, meta: dict[str, Any], keep_last: int,
+                       errors: list[str], started: float) -> bool:
+        """Rank 0: seal when every rank wrote its files; True once sealed."""
         if errors:
             print(f"[checkpoint] {ckpt_dir.name} NOT sealed (no MANIFEST, `latest` unchanged): "
                   f"{'; '.join(errors[:4])}", file=sys.stderr, flush=True)
-            return
+            return False
         try:
             self._seal(paths, ckpt_dir, reports, meta, keep_last)
         except Exception as exc:
             self.last_ok = False
             print(f"[checkpoint] {ckpt_dir.name} NOT sealed: {type(exc).__name__}: {exc}", file=sys.stderr,
                   flush=True)
-            return
+            return False
         print(f"[trainer] wrote and sealed {ckpt_dir.name} in the background in {time.time() - started:.1f}s",
               flush=True)
+        return True
 
     @staticmethod
     def _seal(paths: RunPaths, ckpt_dir: Path, reports, meta: dict[str, Any], keep_last: int) -> None:

@@ -38,6 +38,7 @@ from trainer.faults import Fault, FaultInjector, parse_faults
 from trainer.launch import DistEnv
 from trainer.metrics import MetricsLogger
 from trainer.schedules import lr_schedule_from_config, rampup_from_config
+from trainer.start_phases import PHASES
 
 
 @dataclass
@@ -166,6 +167,7 @@ class Trainer:
         seed_everything(cfg.seed)
         module = build_pipeline_module(cfg, self.layout)
         module.loss_fn = self.faults.wrap_loss(module, module.loss_fn)
+        PHASES.mark("model")
         # Chosen before the engine exists: a checkpoint of another layout loads as a universal one,
         # which DeepSpeed must know at initialisation.
         self.layout_dict = {"tp": self.layout.tp, "pp": self.layout.pp, "dp": self.layout.dp}
@@ -176,7 +178,17 @@ class Trainer:
         else:  # a replay (trainer/replay.py): that checkpoint, as it is, whatever accepted/ says
             self.directive = None
             self.candidates = rs.pinned(self.paths, self.pinned, self.layout_dict)
-        self.candidate = next(self.candidates, None)
+        # A relaunch inside the job restores from node-local and peer copies when some node holds
+        # one (trainer/restore_order.py): then nothing of the shared checkpoint is read, not even
+        # to verify it; the shared candidates stay the fallback.
+        self.local_step = None
+        if self.pinned is None and self.directive is None and cfg.checkpoint.local_dir is not None:
+            from trainer import restore_order
+
+            self.local_step = restore_order.newest_local_step(cfg, self.paths.root, self.dist.job_id,
+                                                              self.layout_dict, self.paths.checkpoints)
+            PHASES.mark("local_copies_found")
+        self.candidate = next(self.candidates, None) if self.local_step is None else None
         self.universal = self.candidate is not None and self.candidate.universal
         self.engine = eng.initialize(cfg, module, self.rampup.micro_batches_at(0), load_universal=self.universal)
         eng.install_replicated_grad_sync(self.engine, self.layout.tp)
@@ -191,37 +203,84 @@ class Trainer:
                        f"{len(groups)} param groups {[g.get('name') for g in groups]}, layout tp={self.layout.tp} "
                        f"pp={self.layout.pp} dp={self.layout.dp}")
         self.uc_info = universal_checkpoint_info(cfg, self.layout)
+        PHASES.mark("engine")
         self.async_writer = None
         if cfg.checkpoint.async_save:  # every rank, same point: it creates the writers' process group
             from trainer.async_checkpoint import AsyncCheckpointer
+            from trainer.local_save import LocalCopies
 
-            self.async_writer = AsyncCheckpointer(self.faults)
+            self.async_writer = AsyncCheckpointer(self.faults, lambda group: LocalCopies.start(
+                cfg, self.paths.root, self.dist.job_id, group))
+        PHASES.mark("checkpoint_writer")
         self.dp_rank = self.engine.grid.get_data_parallel_id()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and \
             os.environ.get("DS_ACCELERATOR") != "cpu" else None
         self.dataset, self.valid_dataset = build_datasets(cfg, self.paths, self.rank)
         self.probe_name, self.probe_dataset = probe.probe_dataset(self.dataset, self.valid_dataset)
+        PHASES.mark("data_index")
+        self.local_restore = None
+        if self.local_step is not None:
+            self.choose_local_restore()
+            PHASES.mark("copies_fetched_checked")
         if self.valid_dataset is None and cfg.data.eval_iters:
             log(self.rank, f"no validation documents in split {cfg.data.split!r}: evaluation is off")
+
+    def choose_local_restore(self) -> None:
+        """The local candidate (collective), or the shared ones when the copies cannot be used."""
+        from orchestrator.contract.directive import read_checkpoint_state
+        from trainer import restore_order
+
+        group = self.async_writer.group if self.async_writer is not None else None
+        restore = restore_order.prepare(self.cfg, self.paths.root, self.paths.checkpoint(self.local_step),
+                                        self.dist.job_id, self.engine, self.local_step, group)
+        if restore is None:
+            self.candidate = next(self.candidates, None)
+            return
+        self.local_restore = restore
+        state = rs.on_rank0(lambda: read_checkpoint_state(restore.folder))
+        self.candidate = rs.Candidate(restore.folder, restore.folder, False, restore.step, state, ())
+        for rel, source, size, path in restore.log.reads:
+            print(f"[restore rank {self.rank}] read {rel} from {source} ({size} bytes): {path}", flush=True)
+        log(self.rank, f"restoring step {restore.step} from the nearest copies: bytes read "
+                       f"{restore.bytes} (every rank){'; dropped: ' + '; '.join(restore.dropped) if restore.dropped else ''}")
 
     def resume(self) -> None:
         """Load the first candidate whose probe matches (collective); see trainer/resume.py."""
         loaded_damaged = False
         candidate = self.candidate
+        dropped = list(self.local_restore.dropped) if self.local_restore is not None else []
         while candidate is not None:
             if candidate.universal != self.universal:
                 raise RuntimeError(f"{candidate.found.name} needs an engine built {'with' if candidate.universal else 'without'} "
                                    "universal loading; the next start will choose it (the damaged ones are reported)")
             loading = time.time()
-            client = ckpt.load_checkpoint(self.engine, self.paths, candidate.loadable)
+            if self.local_restore is not None:
+                from trainer import restore_order
+
+                with restore_order.WatchReads(self.engine, self.local_restore, self.local_restore.store_base):
+                    client = ckpt.load_checkpoint(self.engine, self.paths, candidate.loadable)
+                self.local_restore.bytes = restore_order.total_bytes(self.local_restore.log)
+                for rel, _, size, path in self.local_restore.log.reads:
+                    if path.endswith("(unplanned)"):
+                        print(f"[restore rank {self.rank}] read {rel} from shared ({size} bytes): {path}", flush=True)
+            else:
+                client = ckpt.load_checkpoint(self.engine, self.paths, candidate.loadable)
             problems = []
             if self.cfg.checkpoint.verify_probe:
                 done, problems = rs.check_probe(self.engine, self.cfg, self.layout, self.probe_name, self.probe_dataset,
                                                 candidate.found)
                 log(self.rank, done)
             self.probe_problems = problems
+            PHASES.mark("load_and_probe")
             if not problems or self.pinned is not None:
                 break
+            if self.local_restore is not None:  # dropped as a whole: the shared copies are next
+                dropped.append(f"the local and peer copies of step {self.local_restore.step}: probe mismatch "
+                               f"({'; '.join(problems[:2])}); dropped, the shared checkpoint is used")
+                log(self.rank, dropped[-1])
+                self.local_restore = None
+                candidate = next(self.candidates, None)
+                continue
             if self.rank == 0:
                 ckpt.report_damaged(self.paths, candidate.found, problems, self.dist.job_id,
                                     manifest_sha256=ckpt.manifest_digest(candidate.found))
@@ -234,7 +293,9 @@ class Trainer:
         self.rollback = rb.resume_state(candidate.state, self.directive, candidate.step, self.state.consumed_samples,
                                         candidate.passed)
         # For the controller: goodput accounting, and the step this job really resumed from.
-        self.hb.note(checkpoint_load_seconds=time.time() - loading, resumed_from=self.state.step)
+        self.hb.note(checkpoint_load_seconds=time.time() - loading, resumed_from=self.state.step,
+                     start_phases=dict(PHASES.seconds), dropped_copies=dropped[:64],
+                     restore_bytes=dict(self.local_restore.bytes) if self.local_restore is not None else {})
         if self.directive is not None and not rb.has_applied(candidate.state, self.directive):
             self.hb.note(rollback_applied=self.directive.id)
             log(self.rank, rb.describe(self.directive, candidate.step, self.rollback))

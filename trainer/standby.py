@@ -36,6 +36,8 @@ LAZY_MODULES = (
     "trainer.data",
     "trainer.model",
     "trainer.parallel",
+    "trainer.local_save",  # a restore from node-local and buddy copies (checkpoint.local_dir)
+    "trainer.restore_order",
 )
 
 

@@ -90,6 +90,21 @@ class FirstStepAfterRestart(Event):
     resumed_from: int
     seconds_since_failure: float
     seconds_since_restart: float
+    # Rank 0's start, part by part (trainer/__main__.py), and the bytes every rank's load read by
+    # where they came from: local, peer (a buddy replica) or shared.
+    start_phases: dict[str, float] = field(default_factory=dict)
+    restore_bytes: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointCopyDropped(Event):
+    """A node-local or buddy copy of a checkpoint file failed its check (sha256 or probe) at a
+    restore: `copy` names the node and the file; the next copy in order was used."""
+
+    KIND = "checkpoint_copy_dropped"
+    job_id: str
+    launch: int
+    copy: str
 
 
 @dataclass(frozen=True, kw_only=True)

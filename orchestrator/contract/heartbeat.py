@@ -87,6 +87,12 @@ class Heartbeat:
     # Set once after a resume: the step it resumed from and how long the load took.
     resumed_from: int | None = None
     checkpoint_load_seconds: float | None = None
+    # Set once after a resume too: the seconds of each part of this process's start (the first
+    # step excluded), the bytes the load read by where they came from (local, peer, shared) and
+    # each checkpoint copy that failed its check and was dropped (trainer/restore_order.py).
+    start_phases: dict[str, float] = field(default_factory=dict)
+    restore_bytes: dict[str, float] = field(default_factory=dict)
+    dropped_copies: list[str] = field(default_factory=list)
     # The id of the rollback directive (accepted/rollback) this incarnation applied at its start.
     rollback_applied: str | None = None
     # Set while exiting: the trainer's own exit code (when SLURM's is not known).
@@ -105,6 +111,9 @@ class Heartbeat:
         data["phase"] = self.phase.value
         data["durations"] = dict(self.durations)
         data["mark_gaps"] = dict(self.mark_gaps)
+        data["start_phases"] = dict(self.start_phases)
+        data["restore_bytes"] = dict(self.restore_bytes)
+        data["dropped_copies"] = list(self.dropped_copies)
         return data
 
     def to_json(self) -> str:
@@ -203,6 +212,11 @@ _CHECKS = {
     "consumed_samples": _optional(is_int),
     "resumed_from": _optional(is_int),
     "checkpoint_load_seconds": _optional(is_number),
+    "start_phases": _durations,
+    "restore_bytes": _durations,
+    "dropped_copies": lambda v: (
+        isinstance(v, list) and len(v) <= 64 and all(isinstance(x, str) and len(x) <= 512 for x in v)
+    ),
     "exit_code": _optional(is_int),
     "rollback_applied": _optional(lambda v: isinstance(v, str) and len(v) <= 128),
     "exit_reason": lambda v: isinstance(v, str),
@@ -226,6 +240,8 @@ _CONVERT = {
     "phase": Phase.parse,
     "durations": lambda v: {k: float(x) for k, x in v.items()},
     "mark_gaps": lambda v: {k: float(x) for k, x in v.items()},
+    "start_phases": lambda v: {k: float(x) for k, x in v.items()},
+    "restore_bytes": lambda v: {k: float(x) for k, x in v.items()},
 }
 
 

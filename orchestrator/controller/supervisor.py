@@ -375,7 +375,7 @@ class Controller:
         started = upkeep.training_started(assessment)
         if started is not None and started[0] not in memory.training_seen:
             memory.training_seen.add(started[0])
-            self._apply([Record(started[1])], done)
+            self._apply([Record(started[1]), *map(Record, upkeep.dropped_copies(assessment))], done)
         self._apply(health_policy.rollback_applied(self.state, running.job_id, assessment.reference), done)
         self._apply(memory.stragglers.on_pass(self.state, running, beats, self._mono, self._node_of), done)
         self._apply(

@@ -66,6 +66,8 @@ def follow_recovery(state: ControllerState, assessment: Assessment, wall_now: fl
                 resumed_from=resumed_from,
                 seconds_since_failure=wall_now - rec.failure_time,
                 seconds_since_restart=wall_now - rec.restart_time,
+                start_phases=dict(reference.start_phases) if (reference := assessment.reference) else {},
+                restore_bytes=dict(reference.restore_bytes) if reference else {},
             )
         ),
         FollowRecovery(None, trained_seconds=_trained_seconds(assessment, resumed_from)),
@@ -95,6 +97,18 @@ def training_started(assessment: Assessment) -> tuple[str, ev.JobTraining] | Non
         checkpoint_load_seconds=beat.checkpoint_load_seconds,
         init_seconds=beat.durations.get(Phase.INIT.value),
     )
+
+
+def dropped_copies(assessment: Assessment) -> list[fev.CheckpointCopyDropped]:
+    """One event per checkpoint copy rank 0 says its launch's restore dropped (recorded with the
+    launch's `job_training`, once)."""
+    beat = assessment.reference
+    if beat is None:
+        return []
+    return [
+        fev.CheckpointCopyDropped(job_id=str(assessment.job_id), launch=beat.launch, copy=copy)
+        for copy in beat.dropped_copies
+    ]
 
 
 def completed_checkpoints(complete: list[CheckpointInfo], seen: set[int] | None) -> list[Action]:

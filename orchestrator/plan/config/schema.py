@@ -288,6 +288,18 @@ class CheckpointConfig(Section):
     # the checkpoint is damaged and the one before is used. Costs one forward micro-batch per save
     # and per load.
     verify_probe: bool = True
+    # Node-local copies (trainer/local_copies.py): at each async save every node also keeps its
+    # ranks' files of the newest checkpoint here (an absolute path on node-local storage: /dev/shm,
+    # NVMe) and a replica of its buddy's, so that a relaunch inside the allocation loads from them
+    # instead of the shared filesystem. The shared copy stays the source of truth. Costs this much
+    # node-local space: about twice a node's share of a checkpoint. None: off.
+    local_dir: SafePath | None = None
+    # The buddy ring: the node `peer_offset` places after a node in the launch's node order keeps
+    # its replica (the next one whose failure domain differs, when `failure_domains` is given).
+    peer_offset: PositiveInt = 1
+    # Nodes that fail together (e.g. those under one leaf switch or in one rack): a buddy is taken
+    # outside a node's own group whenever the launch has a node there.
+    failure_domains: list[list[NodeName]] = []
 
     @model_validator(mode="after")
     def _some_cadence(self) -> CheckpointConfig:
@@ -295,6 +307,31 @@ class CheckpointConfig(Section):
             raise ValueError(
                 "set interval_hours and/or interval_steps: a run without checkpoints loses everything"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _local_copies_need_async_save(self) -> CheckpointConfig:
+        if self.local_dir is None:
+            return self
+        if not self.local_dir.startswith("/"):
+            raise ValueError(
+                f"local_dir {self.local_dir!r} must be an absolute path on node-local storage "
+                "(e.g. /dev/shm/ckpt or /nvme/ckpt): a relative one would land on the shared filesystem"
+            )
+        if not self.async_save:
+            raise ValueError(
+                "local_dir needs async_save: true (the local copies are written from the async "
+                "save's host snapshot); set async_save: true, or remove local_dir"
+            )
+        seen: dict[str, int] = {}
+        for index, group in enumerate(self.failure_domains):
+            for node in group:
+                if node in seen:
+                    raise ValueError(
+                        f"failure_domains: node {node} is in group {seen[node]} and group {index}: "
+                        "give each node one group"
+                    )
+                seen[node] = index
         return self
 
 

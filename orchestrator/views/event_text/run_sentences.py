@@ -196,7 +196,20 @@ def _(e: fev.FirstStepAfterRestart) -> str:
     return (
         f"training again in job {e.job_id} at step {_n(e.step)} (resumed from {_n(e.resumed_from)}), "
         f"{duration(e.seconds_since_failure)} after the failure"
+    ) + (f"; read {read}" if (read := _read_from(e.restore_bytes)) else "")
+
+
+def _read_from(restore_bytes: dict[str, float]) -> str:
+    return ", ".join(
+        f"{value / 1e6:.1f} MB from {where}"
+        for where, value in sorted(restore_bytes.items())
+        if isinstance(value, (int, float))
     )
+
+
+@says(fev.CheckpointCopyDropped)
+def _(e: fev.CheckpointCopyDropped) -> str:
+    return f"dropped a checkpoint copy at the restart of job {e.job_id}: {e.copy}"
 
 
 @says(fev.RelaunchNotPossible)
