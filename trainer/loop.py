@@ -31,7 +31,7 @@ from trainer import probe
 from trainer import resume as rs
 from trainer import rollback as rb
 from trainer.compute_time import ComputeClock
-from trainer.control import Agreement, Controls
+from trainer.control import Agreement, Controls, adaptive_interval_bounds
 from trainer.faults import Fault, FaultInjector, parse_faults
 from trainer.heartbeat import HeartbeatWriter
 from trainer.launch import DistEnv
@@ -385,6 +385,7 @@ class Trainer:
         self.controls = Controls(
             self.paths, self.rank, self.ov.job_start_time or time.time(), cfg.checkpoint.exit_duration_minutes,
             cfg.checkpoint.interval_hours, cfg.cluster.pre_timeout_signal, device=self.device,
+            interval_bounds=adaptive_interval_bounds(cfg.checkpoint),
         )
         self.start_data()
         # Straggler detection: this rank's compute time per step, waits for peers excluded (compute_time.py);

@@ -22,6 +22,7 @@ from orchestrator.contract import (
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
 from orchestrator.contract import pool_events as pev
+from orchestrator.contract.interval import write_interval_directive
 from orchestrator.contract.requests import publish_request, withdraw_request
 from orchestrator.contract.state import ControllerState, JobRecord, Recovery, RunStatus
 from orchestrator.slurm.base import Scheduler
@@ -65,6 +66,7 @@ from .actions import (
     UpdateJob,
     WithdrawRequest,
 )
+from .interval import PublishInterval
 from .jobs import queued_jobs
 from .memory import Memory
 from .reporter import Reporter
@@ -154,6 +156,9 @@ class Applier:
         elif isinstance(action, PublishDirective):
             write_rollback(self.paths, action.directive)
             done.append(f"rollback directive {action.directive.id}")
+        elif isinstance(action, PublishInterval):
+            write_interval_directive(self.paths, action.directive)
+            done.append(f"checkpoint interval {action.directive.interval_hours:.2f} h")
         else:
             self._bookkeeping(action, state)
 

@@ -63,6 +63,7 @@ from .applier import Applier
 from .checkpoints import CheckpointInfo, list_checkpoints, resume_point, rollback_candidates
 from .detection import Assessment, stale_hosts
 from .disk import DiskCheck, check_disk, planned_checkpoint_bytes, what_to_delete
+from .interval import IntervalLearner
 from .kill_resume import on_requests
 from .lock import ControllerLock
 from .memory import NOT_ASKED, Memory
@@ -114,6 +115,7 @@ class Controller:
         self.state = ControllerState()
         self.memory = Memory.fresh(cfg.watchdog)
         self.memory.stalls = StallWatch(cfg.exclusions, cfg.watchdog.heartbeat_seconds)
+        self.interval = IntervalLearner.of(cfg, self.paths)
         self.reporter = Reporter(self.paths, cfg, clock)
         self.applier = Applier(
             paths=self.paths,
@@ -295,6 +297,7 @@ class Controller:
             self._apply(jobs.ensure_a_job(self.state, self.clock()), done)
         if not self.state.status.stopped:
             self._disk_and_checkpoints(done)
+            self._apply(self.interval.after_pass(self.state.jobs, beats, now), done)
         self._apply(
             upkeep.damage_reports(read_damage_reports(self.ckpt_dir), self.state.damage_reports_seen), done
         )
@@ -302,6 +305,7 @@ class Controller:
 
     def _apply(self, actions: list[Action], done: list[str]) -> None:
         self.applier.apply(actions, self.state, done)
+        self.interval.count_failures(actions)
 
     # Stage 2: operator requests ------------------------------------------------------------------
     def _requests(self, done: list[str]) -> bool:
