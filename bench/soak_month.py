@@ -46,12 +46,14 @@ def seed_range(text: str) -> list[int]:
     return out
 
 
-def one_seed(seed: int, days: float, rate_x: float, anomalies: str) -> dict:
+def one_seed(seed: int, days: float, rate_x: float, anomalies: str, prior_rate_x: float | None = None,
+             checkpoint: dict | None = None) -> dict:  # fmt: skip
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     holder = Path(tempfile.mkdtemp(prefix=f"soak-{seed}-", dir=base))
     start, cpu = time.time(), time.process_time()
     try:
-        result = run_soak(holder / "run", days=days, seed=seed, rate_x=rate_x, anomalies=anomalies)
+        result = run_soak(holder / "run", days=days, seed=seed, rate_x=rate_x, anomalies=anomalies,
+                          prior_rate_x=prior_rate_x, checkpoint=checkpoint)  # fmt: skip
     finally:
         shutil.rmtree(holder, ignore_errors=True)
     result["wall_seconds_to_simulate"] = round(time.time() - start, 1)
@@ -74,10 +76,13 @@ def aggregate(runs: list[dict]) -> dict:
     t = T95.get(n - 1) or next((v for k, v in sorted(T95.items()) if k >= n - 1), 1.96)
     half = t * sd / math.sqrt(n) if n > 1 else math.nan
     latencies: dict[str, list[float]] = {kind: [] for kind, *_ in FAULT_MIX}
+    recoveries: dict[str, list[float]] = {kind: [] for kind, *_ in FAULT_MIX}
     for r in runs:
         for fault in r["faults_injected"]:
             if "detected_after_seconds" in fault:
                 latencies[fault["kind"]].append(fault["detected_after_seconds"])
+            if "first_step_after_seconds" in fault:
+                recoveries[fault["kind"]].append(fault["first_step_after_seconds"])
     causes = sorted({c for r in runs for c in r["lost_seconds"]})
     planner = runs[0]["planner"]
     return {
@@ -94,6 +99,11 @@ def aggregate(runs: list[dict]) -> dict:
             }
             for kind, v in latencies.items()
         },
+        # Failure -> first training step after it, per fault class (any path: spare or queue).
+        "failure_to_first_step_seconds": {
+            kind: {"n": len(v), "p50": quantile(v, 0.5), "p99": quantile(v, 0.99)} for kind, v in recoveries.items()
+        },
+        "failure_to_first_step_by_path": recovery_by_path(runs),
         "faults_real": sum(r["faults_real"] for r in runs),
         "false_positives": sum(r["false_positives"] for r in runs),
         "false_exclusions": sum(len(r["false_exclusions"]) for r in runs),
@@ -127,6 +137,31 @@ def aggregate(runs: list[dict]) -> dict:
     }
 
 
+def restart_path_of(fault: dict, launches: list[dict]) -> str:
+    """How training came back after `fault`: the first launch after it, in the same job (a spare
+    left: in_allocation, warm or cold, and the copy it loaded) or in a new one (job_level)."""
+    after = next((x for x in launches if x["t"] > fault["t"]), None)
+    if after is None:
+        return "none"
+    if after["job_id"] != fault.get("job_id"):
+        return "job_level"
+    return f"in_allocation_{'standby' if after['standby'] else 'cold'}_{after['load_source'] or 'no_checkpoint'}"
+
+
+def recovery_by_path(runs: list[dict]) -> dict:
+    """Failure -> first step per fault class and restart path, p50/p99 (runs that list launches)."""
+    seen: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        for fault in r["faults_injected"]:
+            if "first_step_after_seconds" in fault and "launches" in r:
+                path = restart_path_of(fault, r["launches"])
+                seen.setdefault(fault["kind"], {}).setdefault(path, []).append(fault["first_step_after_seconds"])
+    return {
+        kind: {path: {"n": len(v), "p50": quantile(v, 0.5), "p99": quantile(v, 0.99)} for path, v in paths.items()}
+        for kind, paths in seen.items()
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=seed_range, default=[0])
@@ -135,7 +170,14 @@ def main() -> int:
     parser.add_argument("--days", type=float, default=30.0)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="seeds simulated at once")
     parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
+    parser.add_argument("--resummarize", action="store_true", help="recompute --out's summary from its runs")
     args = parser.parse_args()
+    if args.resummarize:
+        result = json.loads(args.out.read_text())
+        result["summary"] = aggregate(result["runs"])
+        args.out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
+        print(summary(result))
+        return 0
     if args.rate_x <= 0 or args.days <= 0 or args.jobs < 1:
         parser.error("--rate-x and --days must be positive, --jobs at least 1")
     start, cpu = time.time(), time.process_time()
@@ -180,8 +222,10 @@ def summary(result: dict) -> str:
     ]
     for kind, d in s["detection_seconds"].items():
         if d["n"]:
+            back = s["failure_to_first_step_seconds"][kind]
             lines.append(
-                f"  {kind:<9} detected in p50 {d['p50']:.0f} s, p99 {d['p99']:.0f} s, max {d['max']:.0f} s (n={d['n']})"
+                f"  {kind:<9} detected in p50 {d['p50']:.0f} s, p99 {d['p99']:.0f} s, max {d['max']:.0f} s (n={d['n']}); "
+                f"training again after p50 {back['p50']:.0f} s, p99 {back['p99']:.0f} s"
             )
     return "\n".join(lines)
 

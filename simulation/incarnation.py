@@ -65,6 +65,8 @@ class Surroundings(Protocol):
     def log_step(self, index: int, seconds: float, job_id: str, t: float) -> None: ...
     def kill_requested(self) -> bool: ...
     def save_checkpoint(self, step: int, node: str, t: float, job_id: str) -> None: ...
+    def saved_by(self, step: int) -> str | None: ...
+    def save_interval_seconds(self) -> float: ...
     def processes_exited(self, inc: Incarnation, t: float, code: int) -> None: ...
 
 
@@ -102,12 +104,18 @@ class RankState:
 
 
 class Incarnation:
-    def __init__(self, world: Surroundings, job: SimJob, t: float, nodes: list[str], launch: int = 0):
+    def __init__(
+        self, world: Surroundings, job: SimJob, t: float, nodes: list[str], launch: int = 0, standby: bool = False
+    ):
         self.world, self.job = world, job
         self.job_id, self.restart_count, self.nodes = job.job_id, job.restart_count, list(nodes)
         self.launch = launch  # RUNCTL_LAUNCH: a relaunch on spares inside the job is launch 1, 2, ...
+        self.standby = standby  # started from the launcher's warm standby (imports, model built)
         timings = world.timings
-        self.started = t + timings.launch_seconds
+        paths = timings.paths
+        self.started = t + (paths.import_seconds(standby) if paths is not None else timings.launch_seconds)
+        self.load_source = "shared"
+        self.trained_at: float | None = None  # its first step began (the launcher's standby starts)
         self.phase, self.step = Phase.INIT, 0
         self.phase_started = self.progress_time = self.last_write = self.started
         self.writes = 1
@@ -172,8 +180,15 @@ class Incarnation:
         world, timings = self.world, self.world.timings
         self.resume_step = world.choose_resume(self.job_id)
         self.step = self.resume_step or 0
-        self.load_seconds = timings.noisy(world.rng, timings.load_seconds) if self.resume_step else 0.0
-        self.load_at = t + timings.noisy(world.rng, timings.init_seconds)
+        load, init = timings.load_seconds, timings.init_seconds
+        if timings.paths is not None:
+            paths = timings.paths
+            init = paths.start_seconds(self.standby) - paths.import_seconds(self.standby)
+            if self.launch > 0 and self.resume_step:  # inside the allocation: the nearest copy
+                load, source = paths.in_allocation_load(world.saved_by(self.resume_step) == self.job_id)
+                self.load_source = source.value
+        self.load_seconds = timings.noisy(world.rng, load) if self.resume_step else 0.0
+        self.load_at = t + timings.noisy(world.rng, init)
         if self.resume_step:
             self._begin(
                 marks.chunks(
@@ -182,7 +197,10 @@ class Incarnation:
             )
         else:
             self._begin(marks.opening(Phase.INIT, t, self.load_at))
-        self.world.note("launch", t, job_id=self.job_id, resume_step=self.resume_step)
+        self.world.note(
+            "launch", t, job_id=self.job_id, resume_step=self.resume_step, standby=self.standby,
+            load_source=self.load_source if self.resume_step else None,
+        )  # fmt: skip
         self._at(self.load_at, self._load)
 
     def _load(self, t: float) -> None:
@@ -193,6 +211,7 @@ class Incarnation:
     def _init_done(self, t: float) -> None:
         self._set_phase(Phase.STEP, t)
         self.last_save = t
+        self.trained_at = t
         self.world.note("training", t, job_id=self.job_id, step=self.step)
         self._next_step(t)
 
@@ -255,7 +274,7 @@ class Incarnation:
             self.stop_after_step = ExitCode.KILLED
         elif t - self.started >= timings.exit_duration_seconds:
             self.stop_after_step = self.stop_after_step or ExitCode.TIME_BUDGET
-        if self.stop_after_step is not None or t - self.last_save >= timings.save_interval_seconds:
+        if self.stop_after_step is not None or t - self.last_save >= self.world.save_interval_seconds():
             self._start_save(t)
         elif self.forced_eval_seconds is not None or self.step % timings.eval_every_steps == 0:
             seconds = self.forced_eval_seconds or timings.noisy(self.world.rng, timings.eval_seconds)

@@ -10,8 +10,9 @@ launch's code (a job-level restart). A decision that arrives while launch K stil
 step first (the controller decided on dead or hung ranks), as `kill_step` does.
 Without spares it is the degenerate case: one launch, no decision, the job ends with its code.
 
-Not simulated: the health check before launch 0 (every node is healthy) and the warm standby
-(every relaunch is a cold start: launch_seconds of imports, then init and load).
+The warm standby: the real launcher starts it once launch K trains; so launch K+1 starts warm
+when K reached its first step, else cold (simulation/timings.py prices each). Not simulated: the
+health check before launch 0 (every node is healthy).
 The decision file is looked for after each controller pass (`after_pass`): the controller is its
 only writer, so that is when it can appear; the real launcher polls it every 0.5 s.
 """
@@ -95,7 +96,13 @@ class SimLauncher:
         record.state, record.ended = LauncherState.RUNNING, None
         self.world.record_launch(self.job.job_id, record)
         self.world.note("relaunch", t, job_id=self.job.job_id, launch=record.launch, nodes=list(record.nodes))
-        self.world.start_incarnation(self.job, t, record.nodes, record.launch)
+        self.world.start_incarnation(self.job, t, record.nodes, record.launch, standby=self._trained)
+
+    @property
+    def _trained(self) -> bool:
+        """The launch before this relaunch reached its first step (the standby was started then)."""
+        before = [i for i in self.world.incarnations if i.job_id == self.job.job_id]
+        return bool(before) and before[-1].trained_at is not None
 
     def _end(self, t: float, note: str) -> None:
         record = self.record

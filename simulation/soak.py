@@ -34,8 +34,9 @@ from typing import Any
 
 from orchestrator.contract import failure_events as fev
 from orchestrator.plan.planner import goodput, plan_run
+from orchestrator.plan.restart_paths import FAULT_SHARES
 
-from .harness import Harness
+from .harness import Harness, bloom_config
 from .scenarios import bound_seconds
 
 SOURCE = (
@@ -44,16 +45,16 @@ SOURCE = (
 )
 RATE_PER_GPU_HOUR = 419 / (54 * 24 * 16384)
 FAULT_MIX = [  # (kind, share, what the simulation does, bound key)
-    ("gpu", 0.58, "a rank is killed by a GPU error (srun: Killed)", "job_end"),
-    ("software", 0.13, "a rank raises (exit 1)", "job_end"),
+    ("gpu", FAULT_SHARES["gpu"], "a rank is killed by a GPU error (srun: Killed)", "job_end"),
+    ("software", FAULT_SHARES["software"], "a rank raises (exit 1)", "job_end"),
     (
         "network",
-        0.12,
+        FAULT_SHARES["network"],
         "a collective hangs: all ranks beat, none progress; NCCL aborts every rank "
         "(SIGABRT) after an async error (half of them, 8-60 s) or at its 10-min timeout",
         "hang",
     ),
-    ("host", 0.17, "a node is lost: its 8 ranks stop beating", "dead_rank"),
+    ("host", FAULT_SHARES["host"], "a node is lost: its 8 ranks stop beating", "dead_rank"),
 ]
 
 
@@ -88,14 +89,24 @@ def draw_faults(rng: random.Random, hours: float, gpus: int, rate_x: float = 1.0
 
 
 def run_soak(
-    run_dir: Path, days: float = 30.0, seed: int = 0, rate_x: float = 1.0, anomalies: str = "heavy"
+    run_dir: Path,
+    days: float = 30.0,
+    seed: int = 0,
+    rate_x: float = 1.0,
+    anomalies: str = "heavy",
+    prior_rate_x: float | None = None,
+    checkpoint: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One simulated month (`days`) at `rate_x` times the published fault rate; `anomalies`:
-    "heavy" (the module docstring's) or "none"."""
+    "heavy" (the module docstring's) or "none". The config's `cluster.gpu_mtbf_hours` (the
+    planner's MTBF, the adaptive interval's prior) is the published rate times `prior_rate_x`
+    (None: `rate_x`, the rate the planner is given below too); `checkpoint` overrides that section."""
     if anomalies not in ("heavy", "none"):
         raise ValueError(f"anomalies={anomalies!r}: use 'heavy' or 'none'")
     rng = random.Random(seed + 1)
-    with Harness(run_dir, seed=seed, spare_nodes=8, cap_seconds=3600.0, dense_after_note=0.0) as h:
+    prior = 1 / (RATE_PER_GPU_HOUR * (rate_x if prior_rate_x is None else prior_rate_x))
+    cfg = bloom_config(cluster={"gpu_mtbf_hours": prior}, checkpoint=checkpoint or {})
+    with Harness(run_dir, seed=seed, cfg=cfg, spare_nodes=8, cap_seconds=3600.0, dense_after_note=0.0) as h:
         injected: list[dict[str, Any]] = []
         for t, kind in draw_faults(rng, days * 24, h.cfg.cluster.gpus, rate_x):
             # Dense from one beat and two polls before the fault (its last beat and marks are seen
@@ -250,6 +261,8 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
     # Restart cost R: from each fault to the next first step of training.
     trainings = [t for t, what, _ in h.world.notes if what == "training"]
     costs = [min((x for x in trainings if x > f["t"]), default=wall) - f["t"] for f in real]
+    for fault, cost in zip(real, costs, strict=True):
+        fault["first_step_after_seconds"] = round(cost, 1)
     restart_hours = statistics.fmean(costs) / 3600 if costs else 0.0
     saves = _save_durations(h)
     save_seconds = statistics.fmean(saves) if saves else h.timings.save_seconds
@@ -311,8 +324,8 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
             },
             "formula": "orchestrator.plan.planner.goodput(interval_hours, save_seconds, job_mtbf_hours, restart_hours)",
             "goodput_at_published_rate": goodput(interval, save_seconds, mtbf, restart_hours),
-            "goodput_with_config_restart_minutes": goodput(
-                interval, h.cfg.checkpoint.save_seconds, mtbf, h.cfg.watchdog.restart_minutes / 60
+            "goodput_with_planned_restart_hours": goodput(
+                interval, h.cfg.checkpoint.save_seconds, mtbf, plan.mean_restart_hours
             ),
             "goodput_at_realized_faults": goodput(interval, save_seconds, realized_mtbf, restart_hours)
             if real
@@ -335,6 +348,19 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
         },
         "timings": h.timings.describe(),
         "passes": len(h.passes),
+        # Each launch's restart path: started from the warm standby or cold, loaded from which copy.
+        "launches": [
+            {"t": round(t, 1), "job_id": f["job_id"], "standby": f["standby"], "load_source": f["load_source"]}
+            for t, what, f in h.world.notes
+            if what == "launch"
+        ],
+        # The controller's interval fits (checkpoint_interval_fit events), in the soak's own words.
+        "interval_fits": [
+            {"t": round(t, 1), "hours": e.interval_hours, "was_hours": e.previous_hours, "failures_seen": e.failures,
+             "plan_mtbf_hours": e.prior_job_mtbf_hours, "why": e.evidence}
+            for t, _, e in h.events_named("checkpoint_interval_fit")
+        ],  # fmt: skip
+        "save_starts": [round(t, 1) for t, what, _ in h.world.notes if what == "save_start"],
     }
 
 

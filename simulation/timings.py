@@ -5,15 +5,19 @@ Every figure is derived here, once, and written into the soak's output:
   iteration / (384 GPUs x 149.8 achieved TFLOPs));
 - save every `checkpoint.interval_hours` (3 h, about 103 steps), time-based as the trainer does;
 - checkpoint size: the planner's `checkpoint_bytes` (bf16 weights + fp32 master + Adam: 2.47 TB);
-- save and load time = size / filesystem bandwidth. The bandwidth is `checkpoint_bytes /
+- save time = size / filesystem bandwidth. The bandwidth is `checkpoint_bytes /
   checkpoint.save_seconds` (2.47 TB / 300 s = 8.2 GB/s aggregate over 48 nodes): the config's
   save_seconds is what BLOOM's operators measured on Jean Zay's GPFS, so the simulated save takes
-  what the planner assumes, and load is taken to read at the same rate;
-- init (srun launch to first step, without the checkpoint load): 10 min: NCCL rendezvous of 384
-  ranks, building a 70-layer pipeline, DeepSpeed engine init (an assumption, stated in the output);
+  what the planner assumes;
+- start and load of each restart path (`paths`): orchestrator/plan/restart_paths.py, the table the
+  planner prices restarts with: a relaunch on a spare starts from the warm standby (when the
+  launch before it trained: the launcher starts the standby then) and loads from the local and
+  peer copies (when this job saved the checkpoint it resumes from: copies are made at a save);
+  a new job starts cold and loads from the shared filesystem;
 - eval every `data.eval_interval` steps, `data.eval_iters` forward passes of about a third of a
   training step each;
-- queue wait for a 48-node exclusive job: exponential, mean 10 min (assumption);
+- queue wait for a 48-node exclusive job: exponential, mean `recovery.queue_wait_minutes` (10 min,
+  an assumption);
 - SLURM declares a silent node dead after SlurmdTimeout = 300 s (SLURM's default);
 - the login node hashes a checkpoint at 1 GB/s (one thread reading GPFS and computing sha256);
 - a node SLURM declared DOWN is back in service after 4 to 72 h, drawn uniformly (an admin
@@ -32,6 +36,7 @@ from typing import Any
 
 from orchestrator.plan.config.slurm_time import slurm_time_seconds
 from orchestrator.plan.planner import plan_run
+from orchestrator.plan.restart_paths import LoadSource, RestartPaths
 
 
 @dataclass(frozen=True)
@@ -41,9 +46,9 @@ class Timings:
     checkpoint_bytes: int
     fs_bandwidth_bytes_per_second: float
     save_seconds: float
-    load_seconds: float
-    init_seconds: float
-    launch_seconds: float  # srun to the first beat (python imports)
+    load_seconds: float  # from the shared filesystem (a job-level restart)
+    init_seconds: float  # of a cold start, after its imports
+    launch_seconds: float  # srun to the first beat (python imports) of a cold start
     eval_every_steps: int
     eval_seconds: float
     queue_wait_mean_seconds: float
@@ -56,6 +61,7 @@ class Timings:
     repair_seconds: tuple[float, float] = (4 * 3600.0, 72 * 3600.0)
     async_stall_fraction: float | None = None  # None: synchronous saves
     relative_noise: float = 0.02
+    paths: RestartPaths | None = None
 
     @classmethod
     def from_config(cls, cfg: Any) -> Timings:
@@ -67,18 +73,19 @@ class Timings:
         if interval_hours is None:
             interval_hours = (cfg.checkpoint.interval_steps or 100) * plan.seconds_per_iteration / 3600
         step = float(plan.seconds_per_iteration)
+        paths = RestartPaths.of(cfg, size)
         return cls(
             step_seconds=step,
             save_interval_seconds=interval_hours * 3600,
             checkpoint_bytes=size,
             fs_bandwidth_bytes_per_second=bandwidth,
             save_seconds=size / bandwidth,
-            load_seconds=size / bandwidth,
-            init_seconds=600.0,
-            launch_seconds=45.0,
+            load_seconds=paths.load_seconds(LoadSource.SHARED),
+            init_seconds=paths.start_seconds(standby=False) - paths.import_seconds(standby=False),
+            launch_seconds=paths.import_seconds(standby=False),
             eval_every_steps=int(cfg.data.eval_interval),
             eval_seconds=cfg.data.eval_iters * step / 3,
-            queue_wait_mean_seconds=600.0,
+            queue_wait_mean_seconds=paths.queue_wait_seconds,
             slurmd_timeout_seconds=300.0,
             login_hash_bytes_per_second=1e9,
             exit_duration_seconds=float(cfg.checkpoint.exit_duration_minutes or 1e9) * 60,
@@ -88,6 +95,7 @@ class Timings:
             async_stall_fraction=(
                 float(cfg.checkpoint.async_stall_fraction) if cfg.checkpoint.async_save else None
             ),
+            paths=paths,
         )
 
     def noisy(self, rng: random.Random, seconds: float, relative: float | None = None) -> float:
@@ -98,6 +106,7 @@ class Timings:
 
     def describe(self) -> dict[str, Any]:
         data = asdict(self)
+        data["paths"] = self.paths.describe() if self.paths is not None else None
         data["fs_bandwidth_gb_per_second"] = round(self.fs_bandwidth_bytes_per_second / 1e9, 2)
         data["checkpoint_tb"] = round(self.checkpoint_bytes / 1e12, 3)
         return data

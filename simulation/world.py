@@ -38,6 +38,7 @@ from orchestrator.contract import (
     write_allocation,
     write_node_beat,
 )
+from orchestrator.contract.interval import bounded_interval, interval_directive_path, read_interval_directive
 from orchestrator.contract.requests import read_accepted
 from orchestrator.slurm.base import JobState
 
@@ -99,6 +100,9 @@ class World:
         self.node_stalls: dict[str, float] = {}  # node -> until when its writes block (it computes on)
         self.writes_fail = False  # a full disk (when it cannot be made real)
         self.now = 0.0
+        self._saved_by: dict[int, str] = {}
+        self._interval_key: tuple | None = None
+        self._interval_seconds = timings.save_interval_seconds
         self.ledger: dict[str, float] = defaultdict(float)
         self.steps: list[tuple[int, float, str, float]] = []  # (index, seconds, job id, end time)
         self.notes: list[tuple[float, str, dict[str, Any]]] = []  # what happened, for pass timing
@@ -158,9 +162,11 @@ class World:
         self.note("job_start", t, job_id=job.job_id, nodes=list(job.nodes), restart_count=job.restart_count)
         self.launchers[job.job_id] = SimLauncher(self, job, t)
 
-    def start_incarnation(self, job: SimJob, t: float, nodes: list[str], launch: int) -> None:
-        """The launcher starts launch `launch` of the job on `nodes` (srun)."""
-        inc = Incarnation(self, job, t, nodes, launch)
+    def start_incarnation(
+        self, job: SimJob, t: float, nodes: list[str], launch: int, standby: bool = False
+    ) -> None:
+        """The launcher starts launch `launch` of the job on `nodes` (srun, or its warm standby)."""
+        inc = Incarnation(self, job, t, nodes, launch, standby)
         self.live[job.job_id] = inc
         self.incarnations.append(inc)
 
@@ -212,6 +218,31 @@ class World:
     def choose_resume(self, job_id: str) -> int | None:
         return sim_ckpt.choose_resume(self.ckpt_dir, job_id, self.clock.to_wall(self.now))
 
+    def saved_by(self, step: int) -> str | None:
+        """The job whose save made the checkpoint of `step` (its nodes hold local copies of it)."""
+        return self._saved_by.get(step)
+
+    def save_interval_seconds(self) -> float:
+        """The trainer's interval: the config's, or the controller's applied directive within the
+        config's bounds (read again only when the file changed)."""
+        ck = self.cfg.checkpoint
+        if ck.adaptive_interval != "apply":
+            return self.timings.save_interval_seconds
+        try:
+            info = os.stat(interval_directive_path(self.paths))
+            key: tuple | None = (info.st_ino, info.st_mtime_ns, info.st_size)
+        except FileNotFoundError:
+            key = None
+        if key != self._interval_key:
+            directive = read_interval_directive(self.paths) if key is not None else None
+            self._interval_key = key
+            self._interval_seconds = (
+                bounded_interval(directive.interval_hours, ck.min_interval_hours, ck.max_interval_hours) * 3600
+                if directive is not None
+                else self.timings.save_interval_seconds
+            )
+        return self._interval_seconds
+
     def save_checkpoint(self, step: int, node: str, t: float, job_id: str) -> None:
         wall = self.clock.to_wall(t) + self.skew.get(node, 0.0)
         self._ckpt_saves += 1
@@ -228,6 +259,7 @@ class World:
                 world_size=self.world_size,
                 keep_last=self.keep_last,
             )
+            self._saved_by[step] = job_id
         except OSError:  # ENOSPC during the save: rank 0 raises, srun ends the job (exit 1)
             self.crash_rank(t, 0, by_signal=False)
 

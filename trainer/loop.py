@@ -28,7 +28,7 @@ from orchestrator.contract import CHECKPOINT_STATE_NAME, ExitCode, Phase, RunPat
 from orchestrator.contract.client import rollback as rb
 from orchestrator.contract.client.beat import HeartbeatWriter
 from orchestrator.contract.client.progress import waiting
-from orchestrator.contract.client.stop import Agreement, Controls
+from orchestrator.contract.client.stop import Agreement, Controls, adaptive_interval_bounds
 from trainer import checkpoint as ckpt
 from trainer import engine as eng
 from trainer import probe
@@ -446,6 +446,7 @@ class Trainer:
         self.controls = Controls(
             self.paths, self.rank, self.ov.job_start_time or time.time(), cfg.checkpoint.exit_duration_minutes,
             cfg.checkpoint.interval_hours, cfg.cluster.pre_timeout_signal, device=self.device,
+            interval_bounds=adaptive_interval_bounds(cfg.checkpoint),
         )
         self.start_data()
         # Straggler detection: this rank's compute time per step, waits for peers excluded (compute_time.py);

@@ -43,6 +43,12 @@ def _save_stall(plan: Plan) -> str:
     )
 
 
+def _refit(plan: Plan) -> str:
+    if plan.adaptive_interval != "apply":
+        return ""
+    return ", re-fitted to Young/Daly during the run (checkpoint.adaptive_interval: apply)"
+
+
 def _goodputs(plan: Plan, training: float, allocated: float) -> str:
     if not plan.spare_nodes:
         return f"{training:.1%}"
@@ -57,13 +63,14 @@ def _failure_rows(plan: Plan) -> list[tuple[str, str]]:
             f"(job MTBF {plan.job_mtbf_hours:.0f} h on the {plan.gpus} training GPUs)",
         )
     ]
-    job = f"{plan.job_restart_hours * 60:.0f} min (watchdog.restart_minutes)"
+    priced = plan.restart_times_from == "recovery"
+    job = f"{plan.job_restart_hours * 60:.0f} min ({'recovery: queue, cold start, shared load' if priced else 'watchdog.restart_minutes'})"
     if not plan.spare_nodes:
         return [
             *rows,
             ("restart", f"every failure job-level through the queue, {job}; no cluster.spare_nodes"),
         ]
-    inside = f"{plan.in_allocation_restart_hours * 60:.0f} min (watchdog.in_allocation_restart_minutes)"
+    inside = f"{plan.in_allocation_restart_hours * 60:.1f} min ({'recovery: standby, nearest copy' if priced else 'watchdog.in_allocation_restart_minutes'})"
     return [
         *rows,
         (
@@ -125,7 +132,7 @@ def print_plan(name: str, plan: Plan, console: Console | None = None) -> None:
             "checkpoint interval",
             "steps-based only"
             if plan.checkpoint_interval_hours is None
-            else f"{plan.checkpoint_interval_hours:.2f} h configured: goodput {_goodputs(plan, plan.expected_goodput, plan.expected_goodput_allocated)}",
+            else f"{plan.checkpoint_interval_hours:.2f} h configured{_refit(plan)}: goodput {_goodputs(plan, plan.expected_goodput, plan.expected_goodput_allocated)}",
         ),
         (
             "optimal interval (Young/Daly)",

@@ -24,6 +24,7 @@ from orchestrator.contract import events as ev
 from orchestrator.contract import exclude as exclude_list
 from orchestrator.contract import failure_events as fev
 from orchestrator.contract import pool_events as pev
+from orchestrator.contract.interval import write_interval_directive
 from orchestrator.contract.requests import publish_request, withdraw_request
 from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, JobRecord, Recovery, RunStatus
@@ -56,6 +57,7 @@ from .actions import (
     UpdateJob,
     WithdrawRequest,
 )
+from .interval import PublishInterval
 from .jobs import queued_jobs
 from .memory import Memory
 from .reporter import Reporter
@@ -142,6 +144,9 @@ class Applier:
         elif isinstance(action, PublishDirective):
             write_rollback(self.paths, action.directive)
             done.append(f"rollback directive {action.directive.id}")
+        elif isinstance(action, PublishInterval):
+            write_interval_directive(self.paths, action.directive)
+            done.append(f"checkpoint interval {action.directive.interval_hours:.2f} h")
         else:
             self._bookkeeping(action, state)
 

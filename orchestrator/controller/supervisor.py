@@ -71,6 +71,7 @@ from . import requests as intake
 from .actions import Action, ChangeState, Notify, Record, SetOutcome
 from .applier import Applier
 from .detection import Assessment, stale_hosts
+from .interval import IntervalLearner
 from .kill_resume import on_requests
 from .memory import NOT_ASKED, Memory
 from .metrics_follower import MetricsFollower
@@ -120,6 +121,7 @@ class Controller:
         self.state = ControllerState()
         self.memory = Memory.fresh(cfg.watchdog)
         self.memory.stalls = StallWatch(cfg.exclusions, cfg.watchdog.heartbeat_seconds)
+        self.interval = IntervalLearner.of(cfg, self.paths)
         self.reporter = Reporter(self.paths, cfg, clock)
         self.applier = Applier(
             paths=self.paths,
@@ -302,6 +304,7 @@ class Controller:
             self._apply(jobs.ensure_a_job(self.state, self._wall), done)
         if not self.state.status.stopped:
             self._disk_and_checkpoints(done)
+            self._apply(self.interval.after_pass(self.state.jobs, beats, self._wall), done)
         self._apply(
             upkeep.damage_reports(read_damage_reports(self.ckpt_dir), self.state.damage_reports_seen), done
         )
@@ -309,6 +312,7 @@ class Controller:
 
     def _apply(self, actions: list[Action], done: list[str]) -> None:
         self.applier.apply(actions, self.state, done)
+        self.interval.count_failures(actions)
 
     # Stage 2: operator requests ------------------------------------------------------------------
     def _requests(self, done: list[str]) -> bool:

@@ -21,8 +21,10 @@ formulas, and where they come from:
   one during a sync save, is not charged: ~save_seconds / M, 0.07% for BLOOM);
 - spares and restarts (see `spare_outlook`): a job holds nodes + spare_nodes for its time limit T.
   Failures in it are Poisson with mean mu = T / M. The first spare_nodes of them are restarted on a
-  spare inside the job (watchdog.in_allocation_restart_minutes), the next one ends the job: a
-  job-level restart through the queue (watchdog.restart_minutes) with a fresh set of spares. Every
+  spare inside the job (watchdog.in_allocation_restart_minutes, else priced by
+  orchestrator/plan/restart_paths.py: detection, the warm standby's start, the load from the nearest
+  copy), the next one ends the job: a job-level restart through the queue (watchdog.restart_minutes,
+  else priced the same way: detection, queue, cold start, shared load) with a fresh set of spares. Every
   failure is taken to use up a spare (conservative: a crash with no node to blame could restart on
   the same nodes); idle spares' own failures are ignored. So a job sees E[min(N, S + 1)] failures,
   E[min(N, S)] of them on spares, and runs out of spares with probability P(N >= S + 1); R is the
@@ -30,7 +32,7 @@ formulas, and where they come from:
 - jobs and time limits (see `run_goodput`): goodput is useful / wall time over one job and the
   start of the next (a renewal cycle). A job lasts E[D] = M E[min(N, S + 1)] on average (Wald: each
   failure, spare or not, comes M after the last, and the job ends at its limit or at its (S + 1)-th
-  failure); the next one starts after watchdog.restart_minutes (queue, init, checkpoint load),
+  failure); the next one starts after the job-level restart time (queue, init, checkpoint load),
   whatever ended it. Inside the job: the save stalls, tau/2 of work per failure, the restarts on a
   spare, evals, and, with probability 1 - P(N >= S + 1), the final save before the time limit (the
   whole checkpoint.save_seconds: the job waits for that write even when saves are async). So a
@@ -50,6 +52,7 @@ from dataclasses import asdict, dataclass, field
 
 from orchestrator.plan.config import RunConfig
 from orchestrator.plan.config.slurm_time import slurm_time_seconds
+from orchestrator.plan.restart_paths import RestartPaths
 from orchestrator.plan.time_budget import checkpoint_interval_seconds, time_budget_problems
 
 GIB = 1024**3
@@ -134,6 +137,8 @@ class Plan:
     optimal_goodput_allocated: float
     expected_goodput_without_spares: float  # the same run with spare_nodes = 0, for comparison
     problems: list[str] = field(default_factory=list)
+    adaptive_interval: str = "off"  # "apply": expected_goodput is at the re-fitted (Young/Daly) interval
+    restart_times_from: str = "watchdog"  # "watchdog" (its *_restart_minutes) or "recovery" (restart_paths)
 
     @property
     def fits(self) -> bool:
@@ -315,6 +320,11 @@ def run_goodput(
     return goodput, reaches_limit * (final_save_seconds / 3600 + job_start_hours) / wall
 
 
+def _minutes_or(configured: float | None, priced_seconds: float) -> float:
+    """A restart time the config sets, else the restart-path table's price of it."""
+    return configured if configured is not None else priced_seconds / 60
+
+
 # ----------------------------------------------------------------------------- failures and spares
 def time_limit_hours(time_limit: str) -> float:
     return slurm_time_seconds(time_limit) / 3600
@@ -404,11 +414,12 @@ def plan_run(
         cfg.checkpoint.async_stall_fraction if async_stall_fraction is None else async_stall_fraction
     )
     stall_seconds = save_seconds * stall_fraction if cfg.checkpoint.async_save else save_seconds
-    job_restart_hours = cfg.watchdog.restart_minutes / 60
+    paths = RestartPaths.of(cfg, checkpoint_bytes(parameters), spares)
+    job_restart_hours = _minutes_or(cfg.watchdog.restart_minutes, paths.job_level_seconds()) / 60
     in_minutes = in_allocation_restart_minutes
-    in_allocation_hours = (
-        cfg.watchdog.in_allocation_restart_minutes if in_minutes is None else in_minutes
-    ) / 60
+    if in_minutes is None:
+        in_minutes = _minutes_or(cfg.watchdog.in_allocation_restart_minutes, paths.in_allocation_seconds())
+    in_allocation_hours = in_minutes / 60
     job_hours = time_limit_hours(c.time_limit)
     outlook = spare_outlook(job_hours, job_mtbf, spares, in_allocation_hours, job_restart_hours)
     restart_hours = outlook.mean_restart_hours
@@ -416,6 +427,8 @@ def plan_run(
     interval_seconds, _ = checkpoint_interval_seconds(cfg, seconds)  # the earlier of hours and steps
     interval = None if interval_seconds is None else interval_seconds / 3600
     configured = interval if interval is not None else optimal
+    if cfg.checkpoint.adaptive_interval == "apply":  # the controller re-fits it to Young/Daly
+        configured = min(max(optimal, cfg.checkpoint.min_interval_hours), cfg.checkpoint.max_interval_hours)
     forward_seconds = model / 3 / (c.gpus * tflops * 1e12)  # forward only: 72 = 3 x 24 (fwd 1, bwd 2)
     evals = eval_fraction(cfg, seconds, forward_seconds)
     no_spares = spare_outlook(job_hours, job_mtbf, 0, in_allocation_hours, job_restart_hours)
@@ -523,6 +536,8 @@ def plan_run(
         optimal_goodput_allocated=optimal_goodput * training_share,
         expected_goodput_without_spares=cycle(configured, no_spares)[0],
         problems=problems,
+        adaptive_interval=cfg.checkpoint.adaptive_interval,
+        restart_times_from="watchdog" if cfg.watchdog.restart_minutes is not None else "recovery",
     )
 
 

@@ -160,7 +160,7 @@ def _simulate_timeline(
 def test_goodput_matches_jobs_laid_out_on_a_timeline() -> None:
     """The planner's goodput (saves, failures, spares, time limits) against a simulated timeline."""
     for limit, spares, in_minutes in ((20.0, 0, 3.0), (20.0, 2, 3.0), (10.0, 4, 3.0), (20.0, 2, 29.0), (100.0, 4, 3.0)):
-        cfg = parse_config(_bloom_with(cluster__time_limit=f"{int(limit)}:00:00"))
+        cfg = parse_config(_bloom_with(cluster__time_limit=f"{int(limit)}:00:00", checkpoint__adaptive_interval="off"))
         cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"eval_iters": 0})})
         mtbf = 30.0  # the job fails every 30 h
         plan = plan_run(cfg, gpu_mtbf_hours=mtbf * cfg.cluster.gpus, spare_nodes=spares,

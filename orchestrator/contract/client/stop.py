@@ -8,8 +8,9 @@ Three local observations, made each step by each rank:
 - the time budget: `checkpoint.exit_duration_minutes` since the job started has passed, or SLURM's
   pre-timeout signal (`cluster.pre_timeout_signal`, e.g. `--signal=USR1@600`) arrived; the signal
   handler only sets a flag (nothing else is safe in a handler);
-- a time-based checkpoint is due (`checkpoint.interval_hours`): only rank 0's clock counts, so
-  that ranks with drifting clocks cannot disagree.
+- a time-based checkpoint is due (`checkpoint.interval_hours`, or with `adaptive_interval: apply`
+  the controller's accepted/checkpoint_interval, taken after each save): only rank 0's clock
+  counts, so that ranks with drifting clocks cannot disagree.
 
 They are packed into a few ints and all-reduced with MAX over the whole world (torch.distributed's
 all_reduce, or the loop's own, passed as a callable): if any rank
@@ -21,11 +22,15 @@ step, next to a step's gigabytes.
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.contract import KILL_REQUEST, OperatorRequest, RunPaths
+from orchestrator.contract.directive import DirectiveError
+from orchestrator.contract.interval import bounded_interval, read_interval_directive
 from orchestrator.contract.requests import read_accepted
 
 # A loop's all-reduce of a few ints with MAX over every rank (the flags are 0 or 1).
@@ -87,14 +92,19 @@ class Controls:
         checkpoint_interval_hours: float | None,
         pre_timeout_signal: str | None,
         device=None,
+        interval_bounds: tuple[float, float] | None = None,
     ):
         self.paths = paths
         self.rank = rank
         self.job_start_time = job_start_time
         self.exit_duration_minutes = exit_duration_minutes
         self.checkpoint_interval_hours = checkpoint_interval_hours
+        # checkpoint.adaptive_interval: apply: the controller's interval directive, kept within these
+        # (min_interval_hours, max_interval_hours); None: the config's interval, always.
+        self.interval_bounds = interval_bounds
         self.device = device
         self.last_checkpoint_time = time.time()
+        self.pick_up_interval()
         self.kill_request: OperatorRequest | None = None
         if pre_timeout_signal and signal.getsignal(getattr(signal, f"SIG{pre_timeout_signal}")) in (
             signal.SIG_DFL,
@@ -109,6 +119,21 @@ class Controls:
 
     def checkpoint_saved(self) -> None:
         self.last_checkpoint_time = time.time()
+        self.pick_up_interval()
+
+    def pick_up_interval(self) -> None:
+        """Rank 0 (whose clock alone decides a save is due) takes the controller's applied interval
+        from the next save on. The directive is hostile until the contract's reader says the run's
+        owner wrote it; a bad one is reported and the interval in force kept."""
+        if self.interval_bounds is None or self.rank != 0:
+            return
+        try:
+            directive = read_interval_directive(self.paths)
+        except DirectiveError as exc:
+            print(f"[rank 0] ignoring the checkpoint-interval directive: {exc}", file=sys.stderr, flush=True)
+            return
+        if directive is not None:
+            self.checkpoint_interval_hours = bounded_interval(directive.interval_hours, *self.interval_bounds)
 
     # -- local observations ------------------------------------------------------------------
     def kill_requested(self) -> bool:
@@ -157,3 +182,10 @@ class Controls:
         if decision.time_budget:
             return f"time budget: exit_duration_minutes={self.exit_duration_minutes} reached (or seen by another rank)"
         return "none"
+
+
+def adaptive_interval_bounds(checkpoint: Any) -> tuple[float, float] | None:
+    """(min, max) hours when the controller's interval is applied (`adaptive_interval: apply`)."""
+    if checkpoint.adaptive_interval != "apply":
+        return None
+    return checkpoint.min_interval_hours, checkpoint.max_interval_hours

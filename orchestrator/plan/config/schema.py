@@ -15,6 +15,7 @@ from pydantic import Field, StringConstraints, field_validator, model_validator
 from orchestrator.contract.severity import NOTIFICATION_KINDS
 from orchestrator.contract.values import SLURM_NODE_NAME
 
+from .recovery import RecoveryConfig
 from .section import Section
 from .site_options import (
     ENV_NAME,
@@ -271,6 +272,13 @@ class CheckpointConfig(Section):
     dir: SafePath = "checkpoints"
     interval_hours: PositiveFloat | None = 3.0
     interval_steps: PositiveInt | None = None
+    # Re-fit interval_hours during the run to Young/Daly from the failures seen (the planner's MTBF
+    # as the prior) and the measured save stall (orchestrator/controller/interval.py): "suggest"
+    # records it in an event, "apply" also tells the trainer (its next save uses it). Always
+    # within [min_interval_hours, max_interval_hours].
+    adaptive_interval: Literal["off", "suggest", "apply"] = "off"
+    min_interval_hours: PositiveFloat = 0.25
+    max_interval_hours: PositiveFloat = 12.0
     keep_last: PositiveInt = 5
     # Megatron's --exit-duration-in-mins: stop and save this long after the job started.
     exit_duration_minutes: PositiveFloat | None = None
@@ -306,6 +314,16 @@ class CheckpointConfig(Section):
         if self.interval_hours is None and self.interval_steps is None:
             raise ValueError(
                 "set interval_hours and/or interval_steps: a run without checkpoints loses everything"
+            )
+        if self.min_interval_hours > self.max_interval_hours:
+            raise ValueError(
+                f"checkpoint.min_interval_hours = {self.min_interval_hours:g} is above max_interval_hours = "
+                f"{self.max_interval_hours:g}: the adaptive interval must fit between them. Swap or widen them"
+            )
+        if self.adaptive_interval != "off" and self.interval_hours is None:
+            raise ValueError(
+                f"checkpoint.adaptive_interval = {self.adaptive_interval!r} re-fits interval_hours, which is "
+                "not set: set interval_hours (the starting interval), or adaptive_interval: off"
             )
         return self
 
@@ -381,8 +399,9 @@ class WatchdogConfig(Section):
     # One incident (one failure detection) excludes at most this many nodes: when more look bad at
     # once, the job, the filesystem or the network is suspected, not N nodes.
     max_excluded_per_incident: PositiveInt = 2
-    # Expected minutes from a failure to training again (detect + requeue + init): for the planner.
-    restart_minutes: PositiveFloat = 30.0
+    # Expected minutes from a failure to training again through the queue (detect + queue + start +
+    # load), for the planner. None: priced from `recovery:` (orchestrator/plan/restart_paths.py).
+    restart_minutes: PositiveFloat | None = None
     # Straggler detection (controller/stragglers.py): a node whose compute time per step is at
     # least this many times its peers' median (or its own history) for straggler_seconds is a
     # straggler: an event and a notification; straggler_exclude also excludes it from the next job.
@@ -390,12 +409,9 @@ class WatchdogConfig(Section):
     straggler_seconds: TimeoutSeconds = 600.0
     straggler_exclude: bool = False
     # Expected minutes from a failure to training again when a spare node takes over inside the
-    # same job (cluster.spare_nodes; no queue wait, the next launch's imports already done by its
-    # warm standby): for the planner. Measured on the local cluster (bench/recovery_paths.py):
-    # 6.2 s against 20.7 s for a job-level restart of the same failure. At BLOOM's scale detection
-    # (20 s for a crash, 210 s for a lost node), DeepSpeed's set-up of 384 ranks and the load of a
-    # 2.3 TB checkpoint remain: 3 min assumes a fast parallel filesystem; set your cluster's.
-    in_allocation_restart_minutes: PositiveFloat = 3.0
+    # same job (cluster.spare_nodes; no queue wait, a warm standby), for the planner. None: priced
+    # from `recovery:` (the standby's start, the load from the nearest copy).
+    in_allocation_restart_minutes: PositiveFloat | None = None
     # With spares: how long the job's launcher waits for the controller's decision after a failed
     # launch before it ends the job (a job-level restart then follows). Covers a few slow passes
     # (poll_seconds each, squeue timing out) but not a dead controller: idle GPUs cost more.
@@ -581,6 +597,7 @@ class RunConfig(Section):
     notifications: NotificationsConfig = NotificationsConfig()
     health_check: HealthCheckConfig = HealthCheckConfig()
     health: HealthConfig = HealthConfig()
+    recovery: RecoveryConfig = RecoveryConfig()
     # pyxis/enroot: every srun step of the job runs in this image (config/site_options.py).
     container: ContainerConfig | None = None
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
 from orchestrator.contract.causes import Cause, cause_words
+from orchestrator.contract.interval import CheckpointIntervalFit
 from orchestrator.views.event_text.registry import says
-from orchestrator.views.event_text.words import _by, _n, duration, hosts, outcome_words
+from orchestrator.views.event_text.words import _by, _g, _n, duration, hosts, outcome_words
 
 
 # -- the controller itself ------------------------------------------------------------------------
@@ -114,6 +115,20 @@ def _(e: ev.JobTraining) -> str:
     if e.checkpoint_load_seconds is not None:
         took.append(f"checkpoint load {duration(e.checkpoint_load_seconds)}")
     return " ".join(parts) + (f"; {', '.join(took)}" if took else "")
+
+
+@says(CheckpointIntervalFit)
+def _(e: CheckpointIntervalFit) -> str:
+    def hours(value: float | None) -> str:
+        return "?" if value is None else f"{value:.2f} h"
+
+    verb = "applied" if e.adaptive_mode == "apply" else "suggested"
+    return (
+        f"checkpoint interval {verb}: {hours(e.interval_hours)} (was {hours(e.previous_hours)}; Young/Daly "
+        f"{hours(e.young_daly_hours)} for {_n(e.failures)} failures in {duration((e.exposure_hours or 0) * 3600)} "
+        f"of jobs, job MTBF {_g(e.posterior_job_mtbf_hours)} h against the plan's {_g(e.prior_job_mtbf_hours)} h, "
+        f"save stall {duration(e.save_stall_seconds)}; {e.evidence})"
+    )
 
 
 # -- failures and recovery --------------------------------------------------------------------------
