@@ -83,7 +83,12 @@ class AccountedCluster(LocalCluster):
 
     def _start(self, name: str, argv: list[str]) -> int:
         if name == "slurmctld":
-            self._start_accounting(self._accounting_spec)  # slurmctld registers with slurmdbd as it starts
+            try:
+                self._start_accounting(self._accounting_spec)
+            except BaseException:
+                # `up` records its pids only once slurmctld runs: munged would outlive this failure.
+                self._stop_unrecorded()
+                raise  # slurmctld registers with slurmdbd as it starts
         return super()._start(name, argv)
 
     def _start_accounting(self, spec: ClusterSpec) -> None:
@@ -144,6 +149,23 @@ class AccountedCluster(LocalCluster):
 
     def _start_plain(self, name: str, argv: list[str]) -> int:
         return LocalCluster._start(self, name, argv)
+
+    def _stop_unrecorded(self) -> None:
+        """munged, MariaDB and slurmdbd of an `up` that failed before writing its record."""
+        munged = self._pid_from_file(self.dir / "munge" / "munged.pid")
+        pids = {**self._accounting_alive(), **({"munged": munged} if munged else {})}
+        for pid in pids.values():
+            if _ours(pid, self.dir):
+                os.kill(pid, signal.SIGKILL)
+                _reap(pid)
+        atomic_write_json(self.accounting_record, {"pids": {}})
+
+    @staticmethod
+    def _pid_from_file(path: Path) -> int | None:
+        try:
+            return int(path.read_text().strip())
+        except (OSError, ValueError):
+            return None
 
     def _accounting_alive(self) -> dict[str, int]:
         pids: dict[str, int] = (read_json(self.accounting_record) or {}).get("pids", {})

@@ -57,3 +57,27 @@ def test_jobs_that_ended_unwatched_are_read_from_sacct_with_their_true_end(accou
     assert seen[ok][:2] == (JobState.COMPLETED, 0), seen
     assert seen[cancelled][0] == JobState.CANCELLED, seen
     assert all(len(info.nodes) == 1 and info.nodes[0].startswith("node") for info in jobs.values()), seen
+
+
+def test_an_up_that_fails_at_accounting_leaves_no_daemon(tmp_path_factory, monkeypatch):
+    """`up` records its pids once slurmctld runs; accounting starts before it, after munged."""
+    import os
+    import subprocess
+
+    from orchestrator.cluster import ClusterSpec, accounting
+    from orchestrator.cluster.local import ClusterError
+    from tests.fixtures_slurm import _free_port_base
+
+    if os.geteuid() != 0:
+        pytest.skip("starts munged as root")
+
+    def missing() -> None:
+        raise ClusterError("accounting packages missing (test)")
+
+    monkeypatch.setattr(accounting, "_install_accounting", missing)
+    folder = tmp_path_factory.mktemp("acct-fail", numbered=True)
+    ctld, slurmd = _free_port_base(1)
+    with pytest.raises(ClusterError, match="missing"):
+        accounting.AccountedCluster(folder).up(ClusterSpec(nodes=1, gpus_per_node=0, ctld_port=ctld, slurmd_base_port=slurmd))
+    left = subprocess.run(["pgrep", "-f", "--", f"--socket={folder}/"], capture_output=True, text=True).stdout.split()
+    assert not left, f"daemons of the failed up still run: {left}"

@@ -65,7 +65,7 @@ def test_demo_without_a_cluster_stops_unless_the_mock_is_asked_for(monkeypatch, 
     from orchestrator import demo
 
     monkeypatch.delenv("RUNCTL_SCHEDULER", raising=False)
-    monkeypatch.setattr(demo, "real_cluster_or_reason", lambda nodes: (None, "not root (test)"))
+    monkeypatch.setattr(demo, "real_cluster_or_reason", lambda nodes, release: (None, "not root (test)"))
     assert demo.main(["--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "not root (test)" in err and "DEMO_ARGS=--mock" in err
