@@ -64,7 +64,8 @@ def test_an_up_that_fails_at_accounting_leaves_no_daemon(tmp_path_factory, monke
     import os
     import subprocess
 
-    from orchestrator.slurm.local_cluster import ClusterError, ClusterSpec, accounting
+    from orchestrator.slurm import accounting
+    from orchestrator.slurm.local_cluster import ClusterError, ClusterSpec
     from tests.fixtures_slurm import _free_port_base
 
     if os.geteuid() != 0:
