@@ -575,21 +575,11 @@ class Controller:
         if self.state.status.stopped or self.memory.scheduler_down_since is not None:
             return
         self._apply(pool.expired(exclude_list.read_exclusions(self.paths), self._wall), done)
-        cluster = self.cfg.cluster
-        self._apply(
-            pool.judge(
-                self.state,
-                self.observer.slurm_nodes(),
-                exclude_list.read_exclusions(self.paths),
-                nodes=cluster.nodes,
-                spares=cluster.spare_nodes,
-                partition=cluster.partition,
-                policy=self.cfg.exclusions.on_pool_short,
-                now=self._wall,
-                run_dir=str(self.paths.root),
-            ),
-            done,
-        )
+        c = self.cfg.cluster
+        verdict = pool.judge(self.state, self.observer.slurm_nodes(), exclude_list.read_exclusions(self.paths),
+                             nodes=c.nodes, spares=c.spare_nodes, partition=c.partition, now=self._wall,
+                             policy=self.cfg.exclusions.on_pool_short, run_dir=str(self.paths.root))  # fmt: skip
+        self._apply(verdict, done)
 
     def _spares_now(self) -> int:
         """The spares a submission asks for, the pool judged again first: the failure being

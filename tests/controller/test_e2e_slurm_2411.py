@@ -4,7 +4,9 @@ One run covers what 24.11 changes for us, the demo's drill with SLURM read as a 
 it: 2 nodes + 1 spare, a rank SIGKILLed once the warm standby is ready; the controller must see
 the job through 24.11's `squeue --json` (job_state a list, exit code and times as objects),
 detect the failure from srun's report, and relaunch on the spare inside the same job, from the
-warm standby, with no new submission; the losses equal the uninterrupted run's on 22.05
+warm standby, with no new submission. The saves are async with node-local copies: the surviving
+node loads its own copy, the spare fetches the killed node's files from its buddy, and the
+relaunch reads 0 bytes of the shared checkpoint. The losses equal the uninterrupted run's on 22.05
 (`reference_losses`). After the run, the ended job is read again the way a restarted controller
 reads it (`--states=all`). This replaces the same drill on 22.05.
 
@@ -50,8 +52,8 @@ def test_24_11_killed_rank_detected_and_trained_again_on_the_spare(local_cluster
     from orchestrator.slurm.hostlist import expand_hostlist
     from orchestrator.slurm.real import SlurmScheduler
 
-    cfg = e2e_config(spare_nodes=1)
     root = Path(tempfile.mkdtemp(prefix="rc-e2e-2411-", dir="/tmp"))
+    cfg = e2e_config(spare_nodes=1, checkpoint={"async_save": True, "local_dir": str(root / "node-local")})
     os.chmod(root, 0o755)
     run = root / "run"
     prepare_run_dir(cfg, run)
@@ -95,6 +97,18 @@ def test_24_11_killed_rank_detected_and_trained_again_on_the_spare(local_cluster
         assert "launch 1 on " in output and "(warm standby;" in output, "launch 1 must be the warm standby"
         # The same losses as the uninterrupted run on 22.05: resume is exact on either release.
         assert_same_losses(ctl.paths, reference_losses)
+        # The restore of launch 1: every file each rank read, where from; nothing from the shared copy.
+        first = next(e for e in events if e["event"] == "first_step_after_restart")
+        print(f"launch 1 read {first['restore_bytes']} bytes by source; its start (s): {first['start_phases']}")
+        reads = [line.split(": ", 1)[1] for line in output.splitlines() if ": [restore rank" in line]  # srun --label
+        print("\n".join(reads))
+        assert first["restore_bytes"]["shared"] == 0 and first["restore_bytes"]["peer"] > 0, first
+        assert first["restore_bytes"]["local"] > 0 and not [line for line in reads if " from shared " in line]
+        assert {line.split("]")[0] for line in reads} == {f"[restore rank {r}" for r in range(4)}
+        # (the emulated nodes share one disk: the killed node's copies are still there, never read)
+        assert not [line for line in reads if f"/{failure['host']}/" in line]
+        assert all("/fetched/" in line for line in reads if " from peer " in line)
+        assert not [e for e in events if e["event"] == "checkpoint_copy_dropped"]
         # The ended job as a restarted controller reads it: 24.11's JSON, ended jobs included.
         info = SlurmScheduler(env=env).jobs([str(job_id)])[str(job_id)]
         assert (info.state, info.exit_code) == (JobState.COMPLETED, 0), info
