@@ -26,7 +26,7 @@ from typing import Any
 
 from orchestrator.contract import atomic_write_json, atomic_write_text, read_json
 
-from .local import ClusterError, ClusterSpec, LocalCluster, _pid_cmdline, _reap, find_binary
+from .local_cluster import ClusterError, ClusterSpec, LocalCluster, _pid_cmdline, _reap, find_binary
 
 ACCOUNTING_PACKAGES = ["slurmdbd", "mariadb-server"]
 DB_USER = "slurm"

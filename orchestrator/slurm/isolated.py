@@ -28,7 +28,7 @@ from typing import Any
 import orchestrator
 from orchestrator.contract import atomic_write_json, atomic_write_text
 
-from .local import ClusterError, ClusterSpec, LocalCluster, _pid_cmdline, _tail
+from .local_cluster import ClusterError, ClusterSpec, LocalCluster, _pid_cmdline, _tail
 from .ns_init import INSIDE_MARK, READY_FILE
 from .trixie_root import TrixieRoot
 
