@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "median_failure_to_first_step_s": median,
         # the relaunched trainer's restore: finding, fetching and checking copies, loading, probing
         "median_restore_s": {k: statistics.median(restore_seconds(r) for r in v) for k, v in rows.items()},
-        "restore_bytes_by_source": {k: v[0]["restore_bytes"] for k, v in rows.items()},
+        "restore_bytes_by_source": {k: v[0]["restore_bytes"] for k, v in rows.items()},  # not a beat or event: this benchmark's row
         "ratio_in_allocation_over_job_level": round(ratio, 3),
         "target_ratio": 0.5,
         "meets_target": ratio <= 0.5,

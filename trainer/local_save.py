@@ -25,9 +25,9 @@ from typing import Any
 import torch.distributed as tdist
 
 from orchestrator.contract import MANIFEST_NAME, Mark, sha256_file
+from orchestrator.contract.client.progress import sha256_counted
 from trainer.local_copies import OWN, PEER, LocalCopyError, LocalStore, buddy_ranks, node_name
 from trainer.peer_replica import Transfer, run_transfers
-from trainer.progress import sha256_counted
 from trainer.progress_io import save_counted
 
 

@@ -11,9 +11,9 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from trainer.control import Controls
 
 from orchestrator.contract import RunPaths
+from orchestrator.contract.client.stop import Controls
 from orchestrator.contract.directive import DirectiveError
 from orchestrator.contract.interval import (
     CheckpointIntervalFit,
