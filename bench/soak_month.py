@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from functools import partial
 from pathlib import Path
 
@@ -181,12 +181,18 @@ def main() -> int:
     if args.rate_x <= 0 or args.days <= 0 or args.jobs < 1:
         parser.error("--rate-x and --days must be positive, --jobs at least 1")
     start, cpu = time.time(), time.process_time()
+    runs: list[dict] = []
     with ProcessPoolExecutor(max_workers=min(args.jobs, len(args.seeds))) as pool:
-        runs = list(
-            pool.map(
-                partial(one_seed, days=args.days, rate_x=args.rate_x, anomalies=args.anomalies), args.seeds
-            )
-        )
+        month = partial(one_seed, days=args.days, rate_x=args.rate_x, anomalies=args.anomalies)
+        for done in as_completed([pool.submit(month, seed) for seed in args.seeds]):
+            runs.append(done.result())  # written after each seed: a cut-short bench keeps what it has
+            write_result(args, sorted(runs, key=lambda r: r["seed"]), start, cpu)
+    print(summary(write_result(args, sorted(runs, key=lambda r: r["seed"]), start, cpu)))
+    print(f"written to {args.out}")
+    return 0
+
+
+def write_result(args: argparse.Namespace, runs: list[dict], start: float, cpu: float) -> dict:
     result = {
         "summary": aggregate(runs),
         "runs": runs,
@@ -195,6 +201,7 @@ def main() -> int:
             "cpu_seconds_parent": round(time.process_time() - cpu, 1),
             "max_rss_mib_parent": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "jobs": args.jobs,
+            "seeds_asked": args.seeds,
             "cpu_seconds_per_simulated_day": round(
                 sum(r["cpu_seconds_to_simulate"] for r in runs) / (args.days * len(runs)), 2
             ),
@@ -202,9 +209,7 @@ def main() -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
-    print(summary(result))
-    print(f"written to {args.out}")
-    return 0
+    return result
 
 
 def summary(result: dict) -> str:

@@ -19,8 +19,9 @@ too long for a rate 4x the plan's costs more than one a little short for a quiet
 move the interval by more than 20%; at 4x, the median month is within 25% of Young/Daly for the
 true rate after 150 h (a week has ~5.6 failures: no rule can know sooner and stay calm at 1x).
 The stall: the median over launches of rank 0's longest save stall (`durations["checkpoint"]` of
-its heartbeat: the host snapshot of an async save; the final save before an exit is the whole
-write, the median keeps that one out), the planner's stall until a save was seen.
+its heartbeat: the host snapshot of an async save), read only from beats in the step phase (the
+final save before an exit is the whole write, and no step follows it); the planner's stall until
+a save was seen.
 The interval: Young/Daly sqrt(2 x stall x MTBF) (orchestrator.plan.planner), within
 [checkpoint.min_interval_hours, max_interval_hours]. A fit that moves the interval in force by
 MIN_CHANGE or more is an event; with adaptive_interval: apply also the directive
@@ -35,6 +36,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.contract import Phase
 from orchestrator.contract import failure_events as fev
 from orchestrator.contract.directive import DirectiveError
 from orchestrator.contract.events import read_events
@@ -172,7 +174,8 @@ class IntervalLearner:
         if self.failures is None:
             self.failures = sum(1 for e in read_events(self.paths.events) if isinstance(e, fev.Failure))
         for beat in beats:
-            stall = beat.durations.get("checkpoint") if beat.rank == 0 else None
+            # Only while training goes on: the save before an exit is the whole write, not a stall.
+            stall = beat.durations.get("checkpoint") if beat.rank == 0 and beat.phase is Phase.STEP else None
             if stall:
                 self.stalls[(str(beat.job_id), beat.launch)] = float(stall)
         fit = fit_interval(

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.contract import RunPaths
+from orchestrator.contract import Phase, RunPaths
 from orchestrator.contract.client.stop import Controls
 from orchestrator.contract.directive import DirectiveError
 from orchestrator.contract.interval import (
@@ -82,14 +82,17 @@ def _jobs(hours: float) -> list:
 
 def test_learner_records_and_applies_only_what_moves_the_interval(tmp_path) -> None:
     learner = _learner(tmp_path, "apply")
-    beat = SimpleNamespace(rank=0, job_id="7", launch=0, durations={"checkpoint": 31.0})
-    first = learner.after_pass(_jobs(1.0), [beat], now=3600.0)
-    # No failure yet: the prior's rate, and the measured 31 s stall; 3 h -> Young/Daly 1.44 h.
+    beat = SimpleNamespace(rank=0, job_id="7", launch=0, phase=Phase.STEP, durations={"checkpoint": 31.0})
+    exiting = SimpleNamespace(rank=0, job_id="6", launch=0, phase=Phase.CHECKPOINT, durations={"checkpoint": 300.0})
+    first = learner.after_pass(_jobs(0.5), [exiting], now=1800.0)
+    assert learner.stall_seconds() == STALL, "a job's final save (no step after it) is not a stall"
+    # No failure yet: the prior's rate and stall; 3 h -> Young/Daly 1.41 h.
     assert [type(a) for a in first] == [Record, PublishInterval]
     event, directive = first[0].event, first[1].directive
     assert isinstance(event, CheckpointIntervalFit) and event.evidence == "prior"
-    assert directive.interval_hours == pytest.approx(young_daly_interval_hours(31.0, PRIOR_MTBF))
-    assert learner.after_pass(_jobs(1.1), [beat], now=3960.0) == [], "the same fit again: nothing to say"
+    assert directive.interval_hours == pytest.approx(young_daly_interval_hours(STALL, PRIOR_MTBF))
+    assert learner.after_pass(_jobs(1.0), [beat], now=3600.0) == [], "a 31 s stall moves it 1.6%: nothing to say"
+    assert learner.stall_seconds() == 31.0
     for _ in range(12):  # 12 failures in 48 h: far above the prior's rate
         learner.note_failure()
     moved = learner.after_pass(_jobs(48.0), [beat], now=48 * 3600.0)
