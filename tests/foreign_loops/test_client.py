@@ -21,23 +21,22 @@ from orchestrator.slurm.render import render_sbatch, srun_preview
 from .config import HERE, REPO, loop_config
 
 EXAMPLE = HERE / "minimal_loop.py"
-IMPORT_SECONDS = 0.1
+HEAVY = {"torch", "numpy", "pydantic", "yaml", "jinja2", "rich", "apprise", "deepspeed"}
 
 
-def test_the_client_imports_in_under_a_tenth_of_a_second_without_torch():
-    """Judged by the import's CPU time, best of 3: its wall time on a loaded 2-core CI machine
-    measures the load (both are printed)."""
+def test_the_client_imports_without_torch_or_any_heavy_package():
+    """What keeps the import light (62-64 ms of CPU here, printed): none of the heavy packages a
+    training loop may not want at import. The figure itself is a benchmark's, not this test's."""
     probe = ("import sys, time; w, c = time.perf_counter(), time.process_time(); "
              "import orchestrator.contract.client; "
-             "print(time.perf_counter() - w, time.process_time() - c, 'torch' in sys.modules, "
-             "'pydantic' in sys.modules)")
+             "print(time.perf_counter() - w, time.process_time() - c, "
+             f"sorted(m for m in {sorted(HEAVY)!r} if m in sys.modules))")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     runs = [subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
-            .stdout.split() for _ in range(3)]
+            .stdout.split(maxsplit=2) for _ in range(3)]
     wall, cpu = (min(float(r[i]) for r in runs) for i in (0, 1))
     print(f"import orchestrator.contract.client: {cpu * 1000:.1f} ms CPU, {wall * 1000:.1f} ms wall (best of 3)")
-    assert all(r[2:] == ["False", "False"] for r in runs), "no torch, no pydantic"
-    assert cpu < IMPORT_SECONDS
+    assert all(r[2].strip() == "[]" for r in runs), f"heavy packages imported: {runs[0][2]}"
 
 
 def test_the_docs_example_is_the_file_this_test_runs():
