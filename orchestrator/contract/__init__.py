@@ -43,7 +43,6 @@ codes), is the package `client` (docs/own_training_loop.md); our trainer uses it
 dataclass with one writer and one reader; a newer version is a ContractVersionError.
 """
 
-from . import failure_events, health_events, interval, pool_events  # noqa: F401,E402 - register their event kinds for read_events
 from .allocation import Allocation, Decision, read_allocation, read_decision, write_allocation, write_decision
 from .codes import (
     PURPOSEFUL_EXITS,

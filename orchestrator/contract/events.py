@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 # Every kind defined by subject registers here when imported: what makes `read_events` know them.
-from . import failure_events, health_events, pool_events  # noqa: E402,F401
+from . import failure_events, health_events, interval, pool_events  # noqa: E402,F401
 from .event_base import _KINDS, EVENT_VERSION, Event, UnknownEvent  # noqa: F401 - the module's names
 from .files import append_jsonl, read_jsonl
 

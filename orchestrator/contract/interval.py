@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .directive import VERSION, DirectiveError, _float, _text, _version, read_owner_json
-from .events import Event
+from .event_base import Event
 from .files import atomic_write_json
 from .paths import RunPaths
 
