@@ -155,3 +155,35 @@ def test_the_node_shim_gives_back_the_exit_code_torchrun_turns_into_1(tmp_path):
     ranks_left(17, 1)
     assert ranks_exit_code(1, env) == 1, "one rank failed: a failure"
     assert ranks_exit_code(1, {**env, "SLURM_JOB_ID": "43"}) == 1, "another job's beats say nothing"
+
+
+AGREE = """
+import os, sys, torch.distributed as dist, torch.multiprocessing as mp
+from orchestrator.contract.client.stop import torch_all_reduce_max
+def run(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    agreed = torch_all_reduce_max()([rank, 0, 5 - rank])
+    open(os.path.join(out, f"rank-{rank}"), "w").write(repr(agreed))
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    mp.spawn(run, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+"""
+
+
+def test_the_default_agreement_takes_the_max_over_the_loops_own_process_group(tmp_path):
+    """Without a callable of the loop's, the client agrees over torch.distributed's default group,
+    through the torch the loop imported (the client never imports torch itself)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(script), port, str(tmp_path)], capture_output=True, text=True,
+                         env=env, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    agreed = [(tmp_path / f"rank-{rank}").read_text() for rank in (0, 1)]
+    assert agreed == ["[1, 0, 5]", "[1, 0, 5]"], "each rank holds the element-wise MAX of both"

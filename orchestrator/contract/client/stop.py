@@ -56,10 +56,13 @@ def torch_all_reduce_max(device=None) -> AllReduceMax:
     """The agreement over torch.distributed's default group (a no-op outside one, or alone)."""
 
     def reduce(flags: list[int]) -> list[int]:
-        import torch
-        import torch.distributed as tdist
-
-        if not (tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1):
+        # The loop's own torch, never imported here: a process group exists only in a loop that
+        # imported torch, and the orchestrator package stays importable without it.
+        torch = sys.modules.get("torch")
+        tdist = getattr(torch, "distributed", None)
+        if tdist is None or not (
+            tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
+        ):
             return flags
         tensor = torch.tensor(flags, dtype=torch.int32, device=device)
         tdist.all_reduce(tensor, op=tdist.ReduceOp.MAX)
@@ -165,7 +168,7 @@ class Controls:
     def agree(self, local: list[int] | None = None, all_reduce_max: AllReduceMax | None = None) -> Agreement:
         """Collective: every rank must call it at the same step. `all_reduce_max`: the loop's own
         all-reduce (element-wise MAX over every rank) of a short list of ints; torch.distributed's
-        when None (imported here, not before: the client works without torch)."""
+        when None (the loop's own torch: the client works without one)."""
         flags = self.local_flags() if local is None else local
         reduce = all_reduce_max if all_reduce_max is not None else torch_all_reduce_max(self.device)
         kill, budget, due = (bool(v) for v in reduce(list(flags)))
