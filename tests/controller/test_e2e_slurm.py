@@ -6,10 +6,8 @@ nodes for the exclude list. Every run is 12 steps with checkpoints every 4 (TRAI
   from node-local and buddy copies: on the 24.11 cluster, in test_e2e_slurm_2411.py, against this
   module's reference losses (the job-level restart without the node is the SIGSTOP case's; srun's
   report is parsed by the same launcher code with or without spares);
-- a rank SIGSTOPped: its beat stops, the others hang in the collective; the controller asks for
-  stacks, cancels, excludes the node, restarts; same losses; and SLURM itself (`scontrol show
-  job`, `squeue --json`) shows the restarted job on other nodes, with the bad node in its
-  ExcNodeList and `#SBATCH --exclude` in its script;
+- a job-level restart without the bad node, as SLURM itself shows it, with the stacks dumped and
+  the same losses: in test_hang_blame_slurm.py's hang (its helpers are here);
 - `runctl kill` by an operator who is another Unix user: the trainer saves and exits 17, no
   restart; `runctl resume` continues from the kill checkpoint; same losses.
 Timings printed (failure -> detection -> first step after restart) are the real-cluster
@@ -33,7 +31,6 @@ import yaml
 from fakes import REPO
 
 from orchestrator.contract import JobState, RunPaths, read_heartbeats, read_jsonl
-from orchestrator.contract.exclude import excluded_nodes
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
 from orchestrator.plan.config import parse_config
@@ -206,33 +203,6 @@ def print_incident(paths: RunPaths) -> dict:
     return failure
 
 
-def test_sigstopped_rank_detected_stacks_dumped_node_excluded(e2e_run, reference_losses):
-    cfg, ctl = e2e_run()
-    from orchestrator.operate.runs import submit_job
-
-    submit_job(ctl.paths.root, cfg, ctl.scheduler, reason="initial")
-    ctl.start()
-    act, done = inject_once(6, 1, signal.SIGSTOP)
-    try:
-        assert drive(ctl, 200, act=act) == RunStatus.FINISHED
-    finally:
-        if done:
-            try:
-                os.kill(done["pid"], signal.SIGCONT)  # so that nothing stays frozen if the test failed
-            except ProcessLookupError:
-                pass
-    failure = print_incident(ctl.paths)
-    assert failure["cause"] == "dead_rank" and failure["ranks"][0]["rank"] == 1
-    assert failure["detection_time"] - done["time"] < cfg.watchdog.dead_after_seconds + 3
-    stacks = next(e for e in event_dicts(ctl.paths) if e["event"] == "stacks_dumped")
-    assert stacks["ranks_answered"] >= 3, stacks
-    assert "Thread" in (ctl.paths.stacks / "rank-00000.txt").read_text() or "thread" in (ctl.paths.stacks / "rank-00000.txt").read_text()
-    failed_job = ctl.state.job(failure["job_id"])
-    assert excluded_nodes(ctl.paths) == [failed_job.nodes[0]], "rank 1 ran on the job's first node (2 ranks per node)"
-    assert_exclusion_seen_by_slurm(ctl, failure["job_id"], failed_job.nodes[0])
-    assert_same_losses(ctl.paths, reference_losses)
-
-
 def assert_exclusion_seen_by_slurm(ctl: Controller, failed_job_id: str, bad_node: str) -> None:
     """Ask SLURM itself, not the controller's records, where the jobs ran (`scontrol show job`
     and `squeue --json`; finished jobs stay visible for MinJobAge=600 s, and the local cluster has
@@ -306,9 +276,10 @@ def test_kill_by_another_operator_then_resume(e2e_run, reference_losses):
 
 
 def test_slurmctld_stopped_75s_mid_run_is_an_outage_not_an_end(e2e_run, local_cluster):
-    """Issue 21: slurmctld SIGSTOPped for 75 s mid-run. Slurm 22.05's `squeue --json` then answers
-    after ~30 s with `errors` and no jobs; the controller must read that as an outage: no failure,
-    no resubmission, and the run finishes in its first job."""
+    """slurmctld SIGSTOPped for 75 s mid-run. Slurm 22.05's squeue then answers after ~30 s
+    (MessageTimeout) with errors and no jobs; the controller must read that as an outage: no
+    failure, no resubmission, and the run finishes in its first job. 75 s, not less: a pass asks
+    more than once, and a 40 s stop ended before the pass gave up (nothing to see)."""
     import threading
 
     from orchestrator.operate.runs import submit_job

@@ -8,7 +8,16 @@ excluded, the next job runs on the other 4 (`sbatch --exclude` of one node leave
 run finishes. The fault is aimed at the node (`hang@step6:node02`): the restarted job, without
 node02, trains through step 6. Before every collective was a wait, rank 0 (blocked in the TP
 all-reduce) was named too: node01 and node02 excluded, 3 usable nodes of 4, and the run sat
-"running" with no job.
+"running" with no job. The same run also shows the job-level restart as SLURM itself sees it
+(`scontrol show job`, `squeue --json`: the new job elsewhere, node02 in its ExcNodeList and
+`#SBATCH --exclude` in its script), every rank's stack dumped before the cancel, and losses equal
+to the uninterrupted run's (`reference_losses`: the same model and data at 2 nodes x 2 ranks).
+
+The frozen node runs `make demo`'s scenario (4 nodes + its 1 spare, the whole partition): a node
+lost while a spare is left pages nobody. Notifications go to two local apprise JSON endpoints, one
+per severity (`page:` and `chat:`); while the job trains on its spare, `runctl status` has no
+CRITICAL line, the pager has received nothing, and the next job would ask for no spare (the four
+usable nodes are the job's): a warning in chat, not a page.
 """
 
 from __future__ import annotations
@@ -21,14 +30,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fakes import REPO
-from test_e2e_slurm import drive, job_outputs
+from fakes import REPO, WebhookServer
+from test_e2e_slurm import assert_exclusion_seen_by_slurm, assert_same_losses, drive, job_outputs
 
 from orchestrator.contract.exclude import excluded_nodes
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
 from orchestrator.plan.config import parse_config
 from orchestrator.plan.config.load import resolve_paths
+from orchestrator.views.dashboard import status_data
 from tests.run_records import event_dicts
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -53,7 +63,7 @@ def five_nodes(local_cluster, tmp_path_factory):
         cluster.down()
 
 
-def demo_config(spare_nodes: int = 0):
+def demo_config(spare_nodes: int = 0, notifications: dict | None = None):
     data = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
     # The demo's 4 nodes x 1 GPU, tp=2 x pp=2 (no spare unless asked).
     data["cluster"].update(python=sys.executable, spare_nodes=spare_nodes)
@@ -69,11 +79,11 @@ def demo_config(spare_nodes: int = 0):
         progress_factor=3.0, progress_cap_seconds=90.0,
     )  # fmt: skip
     data["operators"] = {"group": None, "users": []}
-    data["notifications"] = {"webhook": None, "email": None}
+    data["notifications"] = {"webhook": None, "email": None, **(notifications or {})}
     return resolve_paths(parse_config(data, source="hang-blame-slurm"), REPO / "configs")
 
 
-def test_a_rank_hung_mid_step_excludes_exactly_its_node_and_the_run_finishes(five_nodes):
+def test_a_rank_hung_mid_step_excludes_exactly_its_node_and_the_run_finishes(five_nodes, reference_losses):
     from orchestrator.operate.runs import prepare_run_dir, submit_job
     from orchestrator.slurm.real import SlurmScheduler
 
@@ -102,6 +112,11 @@ def test_a_rank_hung_mid_step_excludes_exactly_its_node_and_the_run_finishes(fiv
         assert not [e for e in events if e["event"] == "exclusion_capped"], "the pool could spare it"
         second = ctl.state.jobs[-1]
         assert HUNG_NODE not in second.nodes and len(second.nodes) == 4, second
+        stacks = next(e for e in events if e["event"] == "stacks_dumped")
+        assert stacks["ranks_answered"] >= 3, stacks
+        assert "thread" in (ctl.paths.stacks / "rank-00000.txt").read_text().lower()
+        assert_exclusion_seen_by_slurm(ctl, hang["job_id"], HUNG_NODE)
+        assert_same_losses(ctl.paths, {s: loss for s, loss in reference_losses.items() if s <= STEPS})
     finally:
         live = [j.job_id for j in ctl.state.live_jobs()]
         if live:
@@ -122,7 +137,9 @@ def test_a_frozen_node_is_asked_found_stopped_dead_at_dead_after_and_training_go
     from orchestrator.operate.runs import prepare_run_dir, submit_job
     from orchestrator.slurm.real import SlurmScheduler
 
-    cfg = demo_config(spare_nodes=1)
+    pager, chat = WebhookServer(), WebhookServer()
+    json_url = lambda server: server.url.replace("http://", "json://")  # noqa: E731
+    cfg = demo_config(spare_nodes=1, notifications={"page": [json_url(pager)], "chat": [json_url(chat)]})
     root = Path(tempfile.mkdtemp(prefix="rc-probe-", dir="/tmp"))
     env = {**five_nodes.slurm_env(), "TRAINER_TENSORBOARD": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "TRAINER_MAX_STEPS": str(STEPS), "TRAINER_FAULT": "slowsave@step4",
@@ -132,9 +149,16 @@ def test_a_frozen_node_is_asked_found_stopped_dead_at_dead_after_and_training_go
     job_id = submit_job(root / "run", cfg, scheduler, reason="initial")
     ctl = Controller(root / "run", cfg, scheduler, stack_wait_seconds=2.0)
     done: dict = {}
+    on_the_spare: dict = {}
 
     def freeze_in_save(c: Controller) -> None:
         if done:
+            if not on_the_spare and c.state.status == RunStatus.RUNNING and any(
+                e["event"] == "first_step_after_restart" for e in event_dicts(c.paths)
+            ):
+                c.tick()  # one more pass: the pool judged after the relaunch
+                on_the_spare.update(warnings=status_data(c.paths.root, c.scheduler)["warnings"], pool=c.state.pool,
+                                    pager=list(pager.received), chat=[m["title"] for m in chat.received])
             return
         for b in read_heartbeats(c.paths.heartbeats):
             if b.rank == 1 and b.job_id == str(job_id) and b.phase.value == "checkpoint":
@@ -157,7 +181,17 @@ def test_a_frozen_node_is_asked_found_stopped_dead_at_dead_after_and_training_go
         assert took <= cfg.watchdog.dead_after_seconds + 6, f"dead {took:.1f} s after the SIGSTOP"
         restart = next(e for e in events if e["event"] == "restart")
         assert restart["in_allocation"], restart
+        print(f"while training on the spare: {on_the_spare}")
+        assert on_the_spare, "never saw the job train on its spare"
+        assert not [w for w in on_the_spare["warnings"] if "CRITICAL" in w], on_the_spare["warnings"]
+        assert on_the_spare["pager"] == [], "nobody is paged while the job trains on its spare"
+        kinds = [title.split()[1] for title in on_the_spare["chat"]]
+        assert "restart:" in kinds and "spares:" in kinds, kinds
+        assert not on_the_spare["pool"].short and on_the_spare["pool"].spares_next == 0, on_the_spare["pool"]
+        assert [e for e in events if e["event"] == "spares_for_next_job"][0]["spares_next"] == 0
+        assert not [e for e in events if e["event"] == "pool_short"]
     finally:
+        pager.close(), chat.close()
         if done:
             try:
                 os.kill(done["pid"], signal.SIGCONT)

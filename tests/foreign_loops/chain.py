@@ -12,6 +12,11 @@ real Controller, and what the test saw of it. Three nodes of one rank each, one 
 4. once step 8 is trained, the owner asks a rollback to step 6 skipping step 8's samples -> the
    loop saves and stops through the kill path, the next job resumes at 6 and never reads them;
 5. once that job trained step 9, another operator kills the run -> checkpoint, exit 17, no restart.
+
+A chain of the node-level faults only (`NODE_FAULTS`: 1, 2 and 5, the kill once the third job
+trained step 6) is what a start mode changes: how a lost node, a killed rank and the kill switch
+reach the loop. The hang and the rollback are the loop's own marks and files, the same however
+it was started.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from tests.run_records import event_dicts
 from .config import REPO, loop_config
 
 FAULTS = "stop@3:1,sigkill@5:0,hang@7:1"
+NODE_FAULTS = "stop@3:1,sigkill@5:0"
+KILL_AFTER_NODE_FAULTS = 6  # the step the third job trains before the kill (it resumes at 4)
 HEARTBEAT, POLL, FLOOR = 0.5, 0.5, 2.0
 STEP_SECONDS = 0.8  # an honest pause before each step: the learned step limit is about 3 x this
 NODES, PER_RANK = 3, 4  # plain_ddp.py: each rank reads 4 samples a step
@@ -53,6 +60,7 @@ class Chain:
     killed_by: str = ""
     kill_asked_step: int = 0
     cleared: int = 0  # restarts after which the excluded nodes were returned
+    faults: str = FAULTS
 
     def events(self, kind: str) -> list[dict]:
         return [e for e in event_dicts(self.paths) if e["event"] == kind]
@@ -72,7 +80,7 @@ def running_step(ctl: Controller) -> int:
 
 
 def run_chain(local_cluster, command: list[str], operator: str, group: str, *, command_per: str = "rank",
-              health_check: bool = False, seconds: float = 300) -> Chain:
+              health_check: bool = False, seconds: float = 300, faults: str = FAULTS) -> Chain:
     from orchestrator.operate.runs import prepare_run_dir, submit_job
     from orchestrator.slurm.real import SlurmScheduler
 
@@ -86,10 +94,10 @@ def run_chain(local_cluster, command: list[str], operator: str, group: str, *, c
     os.chmod(root, 0o755)
     prepare_run_dir(cfg, root / "run")
     os.chmod(root / "run", 0o755)
-    chain = Chain(RunPaths.of(root / "run"), root / "loop-log")
+    chain = Chain(RunPaths.of(root / "run"), root / "loop-log", faults=faults)
     chain.log_dir.mkdir()
     env = {**local_cluster.slurm_env(), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "LOOP_STEPS": "20",
-           "LOOP_FAULTS": FAULTS, "LOOP_STEP_SECONDS": str(STEP_SECONDS), "LOOP_LOG_DIR": str(chain.log_dir)}
+           "LOOP_FAULTS": faults, "LOOP_STEP_SECONDS": str(STEP_SECONDS), "LOOP_LOG_DIR": str(chain.log_dir)}
     scheduler = SlurmScheduler(env=env)
     submit_job(root / "run", cfg, scheduler, reason="initial")
     ctl = Controller(root / "run", cfg, scheduler, stack_wait_seconds=1.0)
@@ -117,17 +125,22 @@ def run_chain(local_cluster, command: list[str], operator: str, group: str, *, c
 
 def act(ctl: Controller, chain: Chain, operator: str) -> None:
     """After each pass: return the excluded nodes after each restart; keep the beats until
-    the hang is found; ask the rollback, then the kill."""
+    the hang is found; ask the rollback, then the kill (after the node faults alone: the kill once
+    the third job trained KILL_AFTER_NODE_FAULTS)."""
     restarts = sum(e["event"] == "restart" for e in event_dicts(ctl.paths))
     if chain.cleared < restarts:
         assert main(["nodes", str(ctl.paths.root), "--all", "--reason", "test: the node is back"]) == 0
         chain.cleared = restarts
+    step = running_step(ctl)
+    if chain.faults == NODE_FAULTS:
+        if restarts >= 2 and not chain.killed_by and step >= KILL_AFTER_NODE_FAULTS:
+            kill_as(operator, ctl, chain, step)
+        return
     hangs = [e for e in event_dicts(ctl.paths) if e["event"] == "failure" and e["cause"] == "hang"]
     if not hangs:
         for beat in read_heartbeats(ctl.paths.heartbeats):
             chain.beats[beat.rank] = beat
         return
-    step = running_step(ctl)
     if not chain.rollback_job and step >= 8:
         chain.rollback_job = ctl.state.live_jobs()[0].job_id
         rc = main(["rollback", str(ctl.paths.root), "--to-step", str(ROLLBACK_TO), "--skip-samples",
@@ -135,11 +148,15 @@ def act(ctl: Controller, chain: Chain, operator: str) -> None:
         assert rc == 0
     applied = [e for e in event_dicts(ctl.paths) if e["event"] == "rollback_applied"]
     if applied and not chain.killed_by and step >= 9:
-        from test_operators import run_as  # tests/controller, on the path through conftest
+        kill_as(operator, ctl, chain, step)
 
-        rc, out = run_as(operator, ["kill", str(ctl.paths.root), "--reason", "test: another operator stops it"])
-        assert rc == 0, out
-        chain.killed_by, chain.kill_asked_step = operator, step
+
+def kill_as(operator: str, ctl: Controller, chain: Chain, step: int) -> None:
+    from test_operators import run_as  # tests/controller, on the path through conftest
+
+    rc, out = run_as(operator, ["kill", str(ctl.paths.root), "--reason", "test: another operator stops it"])
+    assert rc == 0, out
+    chain.killed_by, chain.kill_asked_step = operator, step
 
 
 def operator_account():
