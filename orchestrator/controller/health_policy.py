@@ -35,7 +35,6 @@ history begins with a step <= S + 1, and the steps above it read before that are
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from orchestrator.contract import (
     KILL_REQUEST,
@@ -71,31 +70,21 @@ from .actions import (
     WithdrawRequest,
     alert,
 )
+from .pass_view import Jobs, RunView
 
 POLICY_ORDER = ("notify", "pause", "rollback")
 CONTROLLER = "controller (training health)"
 
 
-@dataclass(frozen=True)
-class Jobs:
-    """The run's jobs as this pass sees them."""
-
-    running: str | None = None
-    queued: tuple[str, ...] = ()
-    unsettled: tuple[str, ...] = ()  # ended, their end not handled yet
-
-    @property
-    def any_left(self) -> bool:
-        return self.running is not None or bool(self.unsettled)
-
-
 MAX_ROLLBACK_TIMES = 1000  # the times of the last automatic rollbacks: the largest budget (HealthConfig)
 
 
-def on_findings(state: ControllerState, findings: list[TrainingFinding], health, **inputs) -> list[Action]:
-    """`health`: the config's health section; `inputs`: see _on_findings. The notifications come
-    last: a slow chat server must not delay the stop (the trainer keeps training meanwhile)."""
-    return _notifications_last(_on_findings(state, findings, health, **inputs))
+def on_findings(view: RunView, findings: list[TrainingFinding], **inputs) -> list[Action]:
+    """`inputs`: see _on_findings. The notifications come last: a slow chat server must not delay
+    the stop (the trainer keeps training meanwhile)."""
+    return _notifications_last(
+        _on_findings(view.state, findings, view.cfg.health, jobs=view.jobs, wall_now=view.wall, **inputs)
+    )
 
 
 def _notifications_last(actions: list[Action]) -> list[Action]:

@@ -29,7 +29,6 @@ from orchestrator.errors import SchedulerError
 from orchestrator.slurm.base import JobInfo, NodeInfo, Scheduler
 
 from . import jobs
-from .actions import Action
 from .detection import Assessment, assess
 from .memory import Memory
 from .reporter import Reporter
@@ -170,22 +169,6 @@ class Observer:
         )
         memory.node_beat_age = assessment.host_beat_age
         return assessment
-
-    def ask_silent_nodes(
-        self, running: JobRecord, assessment: Assessment, node_of: Callable[[int, str, JobRecord], str]
-    ) -> list[Action]:
-        """Ask each node that went silent as a whole (probing.py); the verdicts count from the
-        next pass. `node_of(rank, host, job)`: the SLURM node of a rank."""
-        beats = [b for file_beats in self._beat_files for b in file_beats]
-        return self.memory.prober.on_pass(
-            running.job_id,
-            assessment.silent_hosts,
-            beats,
-            lambda beat: node_of(beat.rank, beat.host, running),
-            str(self.paths.root),
-            getattr(self.scheduler, "probe_node", None),
-            hosts=len(assessment.host_beat_age),
-        )
 
     def trust_problems(self) -> tuple[list[str], list[str]]:
         """(new job folders, the trust check's problems) when jobs/<id>/ folders appeared since the

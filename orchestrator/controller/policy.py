@@ -39,7 +39,7 @@ from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
 
 from .actions import Action, Cancel, DumpStacks, Record, Stop, alert
-from .detection import Assessment
+from .pass_view import JobView
 from .recovery import Incident
 
 
@@ -51,18 +51,12 @@ class RankFailureVerdict:
     failure: Incident | None  # set when recovery should plan a restart
 
 
-def on_findings(
-    state: ControllerState,
-    job: JobRecord,
-    assessment: Assessment,
-    *,
-    wall_now: float,
-    job_wide_for: float,
-    dead_after: float,
-    culprit_nodes: list[str],
-    queued_job_ids: list[str],
-) -> RankFailureVerdict:
-    """`job_wide_for`: seconds (controller clock) the stall has been job-wide, 0 on its first pass."""
+def on_findings(view: JobView, *, job_wide_for: float, culprit_nodes: list[str]) -> RankFailureVerdict:
+    """The assessment's findings (dead, hung or job-wide) of the running job, judged. `job_wide_for`:
+    seconds (controller clock) the stall has been job-wide, 0 on its first pass; `culprit_nodes`:
+    the nodes blame.py holds responsible."""
+    state, job, assessment = view.state, view.job, view.assessment
+    wall_now, dead_after = view.wall, view.cfg.watchdog.dead_after_seconds
     if state.status == RunStatus.KILLING:
         return RankFailureVerdict(
             [

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from orchestrator.contract import Heartbeat
 from orchestrator.contract import failure_events as fev
 
 from . import probe
 from .actions import Action, Record
+from .pass_view import JobView
 
 PROBE_TIMEOUT_SECONDS = 10.0
 MAX_ASKED_PER_PASS = 2
@@ -34,19 +34,13 @@ class NodeProber:
         return {node: v for (job, node), v in self.asked.items() if job == job_id}
 
     def on_pass(
-        self,
-        job_id: str,
-        silent_hosts: list[str],
-        beats: list[Heartbeat],
-        node_of: Callable[[Heartbeat], str],
-        run_dir: str,
-        ask: Callable[[str, str, str, float], str | None] | None,
-        hosts: int,
+        self, view: JobView, ask: Callable[[str, str, str, float], str | None] | None
     ) -> list[Action]:
         """Forget the nodes that beat again; ask each newly silent one. `ask(job, node, script,
-        timeout)` runs the probe step (None: no way to ask); `hosts`: how many nodes beat for the
-        job (every one silent: nobody asked, and the verdicts already given are dropped)."""
-        silent = set(silent_hosts)
+        timeout)` runs the probe step (None: no way to ask). Every node of the job silent: nobody
+        is asked, and the verdicts already given are dropped."""
+        job_id, beats, node_of, run_dir = view.job.job_id, view.beats, view.node_of, view.run_dir
+        silent, hosts = set(view.assessment.silent_hosts), len(view.assessment.host_beat_age)
         for key in [k for k in self.asked if k[0] != job_id or k[1] not in silent or len(silent) >= hosts]:
             del self.asked[key]
         if ask is None or len(silent) >= hosts:

@@ -20,6 +20,7 @@ from orchestrator.contract import pool_events as pev
 from orchestrator.contract.causes import Cause
 
 from .actions import Action, Exclude, Record
+from .pass_view import JobView
 
 
 class StallWatch:
@@ -30,16 +31,9 @@ class StallWatch:
         self.silent: dict[str, tuple[str, float]] = {}  # node -> (job, monotonic when it went quiet)
         self.history: dict[str, list[float]] = {}  # node -> wall times of its stalls
 
-    def on_pass(
-        self,
-        job_id: str,
-        beat_ages: dict[str, float],
-        *,
-        job_wide: bool,
-        mono: float,
-        wall: float,
-        excluded: set[str],
-    ) -> list[Action]:
+    def on_pass(self, view: JobView) -> list[Action]:
+        job_id, beat_ages, job_wide = view.job.job_id, view.assessment.host_beat_age, view.assessment.job_wide
+        mono, wall, excluded = view.mono, view.wall, view.excluded
         actions: list[Action] = []
         for node in [n for n, (job, _) in self.silent.items() if job != job_id]:
             del self.silent[node]  # its job ended: not a stall that came back

@@ -46,6 +46,7 @@ from orchestrator.contract import failure_events as fev
 from orchestrator.contract.causes import RESPONSES, Cause
 
 from .actions import Action, ChangeState, Exclude, Notify, Record
+from .pass_view import JobView
 
 MIN_PEERS = 3
 WARMUP_ROUNDS = 2
@@ -265,14 +266,11 @@ class StragglerWatch:
         self.watchdog = watchdog
         self.scorer = StragglerScorer(watchdog.straggler_threshold, watchdog.straggler_seconds)
 
-    def on_pass(
-        self, state: Any, job: Any, beats: list[Heartbeat], now: float, node_of: Callable[..., str]
-    ) -> list[Action]:
+    def on_pass(self, view: JobView) -> list[Action]:
+        state, job, now = view.state, view.job, view.mono
         scorer = self.scorer
         last_round = (scorer.job_key, scorer.last_round_step) if scorer.last_round_step is not None else None
-        key, samples = samples_from_beats(
-            beats, job.job_id, lambda rank, host: node_of(rank, host, job), last_round=last_round
-        )
+        key, samples = samples_from_beats(view.beats, job.job_id, view.node_of_rank, last_round=last_round)
         if self.scorer.job_key is None:
             self._carry_over(state, job.job_id, key)
         before = self.scorer.rounds, self.scorer.job_key

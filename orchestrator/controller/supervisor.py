@@ -76,6 +76,7 @@ from .kill_resume import on_requests
 from .memory import NOT_ASKED, Memory
 from .metrics_follower import MetricsFollower
 from .observer import Observer
+from .pass_view import Jobs, JobView, RunView
 from .persistence import Persistence
 from .policy import exit_code_from_beats, on_findings, on_job_end
 from .recovery import Incident, plan_restart
@@ -299,7 +300,7 @@ class Controller:
                 if self.state.status.stopped:
                     break
         if not self.state.status.stopped:
-            self._apply(health_policy.settle(self.state, self._jobs()), done)
+            self._apply(health_policy.settle(self.state, Jobs.of(self.state)), done)
         if self.state.status.active and self.state.disk_pause is None:
             self._apply(jobs.ensure_a_job(self.state, self._wall), done)
         if not self.state.status.stopped:
@@ -335,7 +336,7 @@ class Controller:
                     self.state,
                     rollback,
                     kill_pending=KILL_REQUEST in received.requests,
-                    jobs=self._jobs(),
+                    jobs=Jobs.of(self.state),
                     wall_now=self._wall,
                     directive_id=new_directive_id(),
                 ),
@@ -374,47 +375,52 @@ class Controller:
             return True
         assessment = self.observer.assess(running)
         result.assessment = assessment
-        self._apply(self.observer.ask_silent_nodes(running, assessment, self._node_of), done)
+        view = self._job_view(running, beats, assessment)
+        self._apply(memory.prober.on_pass(view, getattr(self.scheduler, "probe_node", None)), done)
         self._apply(upkeep.follow_recovery(self.state, assessment, self._wall), done)
         started = upkeep.training_started(assessment)
         if started is not None and started[0] not in memory.training_seen:
             memory.training_seen.add(started[0])
             self._apply([Record(started[1]), *map(Record, upkeep.dropped_copies(assessment))], done)
         self._apply(health_policy.rollback_applied(self.state, running.job_id, assessment.reference), done)
-        self._apply(memory.stragglers.on_pass(self.state, running, beats, self._mono, self._node_of), done)
-        self._apply(
-            memory.stalls.on_pass(
-                running.job_id,
-                assessment.host_beat_age,
-                job_wide=assessment.job_wide,
-                mono=self._mono,
-                wall=self._wall,
-                excluded=set(exclude_list.excluded_nodes(self.paths)),
-            ),
-            done,
-        )
+        self._apply(memory.stragglers.on_pass(view), done)
+        self._apply(memory.stalls.on_pass(view), done)
         if assessment.findings:
-            self._failures(running, assessment, done)
+            self._failures(view, done)
             return True
         memory.job_wide_since = None
         return False
 
-    def _failures(self, job: JobRecord, assessment: Assessment, done: list[str]) -> None:
-        memory, mono = self.memory, self._mono
+    def _run_view(self) -> RunView:
+        return RunView(
+            wall=self._wall, mono=self._mono, state=self.state, jobs=Jobs.of(self.state), cfg=self.cfg
+        )
+
+    def _job_view(self, job: JobRecord, beats: list[Heartbeat], assessment: Assessment) -> JobView:
+        return JobView(
+            wall=self._wall,
+            mono=self._mono,
+            state=self.state,
+            jobs=Jobs.of(self.state),
+            cfg=self.cfg,
+            job=job,
+            beats=tuple(beats),
+            assessment=assessment,
+            excluded=frozenset(exclude_list.excluded_nodes(self.paths)),
+            run_dir=str(self.paths.root),
+            node_of_rank=lambda rank, host: self._node_of(rank, host, job),
+        )
+
+    def _failures(self, view: JobView, done: list[str]) -> None:
+        memory, mono, assessment = self.memory, self._mono, view.assessment
         since = memory.job_wide_since
         memory.job_wide_since = (mono if since is None else since) if assessment.job_wide else None
-        node_of = lambda f: self._node_of(f.rank, f.host, job)  # noqa: E731
         suspected = blame.HangSuspicions(self.state.hang_suspects)  # in state.json: survives a restart
-        culprits = blame.culprit_nodes(assessment, node_of, suspected, self._wall)
+        culprits = blame.culprit_nodes(assessment, view.node_of, suspected, self._wall)
         verdict = on_findings(
-            self.state,
-            job,
-            assessment,
-            wall_now=self._wall,
+            view,
             job_wide_for=mono - memory.job_wide_since if memory.job_wide_since is not None else 0.0,
-            dead_after=self.cfg.watchdog.dead_after_seconds,
             culprit_nodes=culprits,
-            queued_job_ids=[j.job_id for j in jobs.queued_jobs(self.state)],
         )
         if verdict.failure is not None:
             memory.job_wide_since = None
@@ -523,25 +529,14 @@ class Controller:
         wants_rollback = any(policy_for(f, health) == "rollback" for f in findings)
         self._apply(
             health_policy.on_findings(
-                state,
+                self._run_view(),
                 findings,
-                health,
                 history=follower.history,
                 checkpoints=rollback_candidates(self.ckpt_dir) if wants_rollback else [],
-                jobs=self._jobs(),
-                wall_now=self._wall,
                 directive_id=new_directive_id(),
                 owner_uid=os.geteuid(),
             ),
             done,
-        )
-
-    def _jobs(self) -> health_policy.Jobs:
-        running = jobs.running_job(self.state)
-        return health_policy.Jobs(
-            running=running.job_id if running else None,
-            queued=tuple(j.job_id for j in jobs.queued_jobs(self.state)),
-            unsettled=tuple(j.job_id for j in self.state.live_jobs() if j.ended_at is not None),
         )
 
     # Stage 6: upkeep ------------------------------------------------------------------------------

@@ -424,14 +424,13 @@ def test_everyone_waiting_at_the_same_count_names_nobody_and_says_so():
 
 
 def test_the_failure_event_and_notification_name_the_rank_behind_or_say_why_nobody():
-    from orchestrator.contract.state import ControllerState, JobRecord, RunStatus
     from orchestrator.controller.actions import Notify, Record
     from orchestrator.controller.policy import on_findings
+    from tests.pass_views import job_view
 
     def report(beats):
-        verdict = on_findings(ControllerState(status=RunStatus.RUNNING), JobRecord("7", 0.0, state="running"),
-                              stuck_until_found(beats), wall_now=2000.0, job_wide_for=0.0, dead_after=DEAD_AFTER,
-                              culprit_nodes=[], queued_job_ids=[])  # fmt: skip
+        view = job_view(assessment=stuck_until_found(beats), wall=2000.0, dead_after=DEAD_AFTER)
+        verdict = on_findings(view, job_wide_for=0.0, culprit_nodes=[])
         event = next(a.event for a in verdict.actions if isinstance(a, Record) and a.event.KIND == "failure")
         notice = next(a for a in verdict.actions if isinstance(a, Notify))
         return event, notice.message

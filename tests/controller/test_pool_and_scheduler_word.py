@@ -31,6 +31,7 @@ from orchestrator.slurm.base import JobInfo, NodeInfo  # noqa: E402
 from orchestrator.slurm.node_query import nodes_from_json, nodes_from_text  # noqa: E402
 from orchestrator.slurm.real import SlurmScheduler  # noqa: E402
 from orchestrator.slurm.render import render_sbatch  # noqa: E402
+from tests.pass_views import job_view  # noqa: E402
 
 # What Slurm 22.05's `squeue --json` printed, exit 0, with slurmctld SIGSTOPped.
 SQUEUE_OUTAGE = {"meta": {"Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}}},
@@ -220,15 +221,15 @@ def test_a_stall_is_recorded_and_only_the_third_in_the_window_excludes():
     excluded_at = []
     for stall in range(3):
         base = stall * 3600.0
-        watch.on_pass("7", {**ages, "n3": 45.0}, job_wide=False, mono=base + 45, wall=base, excluded=set())
-        actions = watch.on_pass("7", ages, job_wide=False, mono=base + 50, wall=base + 50, excluded=set())
+        watch.on_pass(job_view(host_beat_age={**ages, "n3": 45.0}, mono=base + 45, wall=base))
+        actions = watch.on_pass(job_view(host_beat_age=ages, mono=base + 50, wall=base + 50))
         events = [a.event for a in actions if isinstance(a, Record)]
         assert [(e.node, e.stalls_in_window) for e in events] == [("n3", stall + 1)]
         excluded_at += [stall for a in actions if isinstance(a, Exclude)]
     assert excluded_at == [2]
     # Most of the job quiet at once is the filesystem's, not n3's: nothing counted.
     quiet = {n: 45.0 for n in ages}
-    assert watch.on_pass("7", quiet, job_wide=False, mono=20000, wall=20000, excluded=set()) == []
+    assert watch.on_pass(job_view(host_beat_age=quiet, mono=20000, wall=20000)) == []
 
 
 def test_a_restart_right_after_an_exclusion_asks_for_the_spares_left(mock_slurm_dir, tmp_path):

@@ -15,6 +15,7 @@ from orchestrator.controller.detection import assess
 from orchestrator.controller.liveness import Liveness
 from orchestrator.controller.probe import ProbeReport, ProcState, Verdict
 from orchestrator.controller.probing import NodeProber
+from tests.pass_views import job_view
 
 
 def test_verdicts_from_what_the_node_says():
@@ -73,6 +74,11 @@ def test_a_frozen_node_is_dead_at_dead_after_a_stalled_one_waits_a_lost_one_is_d
     assert _dead_at({"node02": Verdict.UNDECIDED})[0] is None, "undecided: today's rule"
 
 
+def silent(hosts: list[str], beats) -> object:
+    """A pass of job 7 on 4 nodes (each rank's host is its node) in which `hosts` went silent."""
+    return job_view(beats=beats, silent_hosts=hosts, host_beat_age={f"node0{i}": 0.0 for i in range(1, 5)})
+
+
 def test_each_silent_node_is_asked_once_per_incident():
     asked = []
 
@@ -83,14 +89,14 @@ def test_each_silent_node_is_asked_once_per_incident():
     prober = NodeProber()
     beats = [beat(r, 1) for r in range(4)]
     for _ in range(3):
-        actions = prober.on_pass("7", ["node02"], beats, lambda b: b.host, "/run", ask, hosts=4)
+        actions = prober.on_pass(silent(["node02"], beats), ask)
     assert asked == ["node02"] and prober.verdicts("7") == {"node02": Verdict.DEAD} and actions == []
-    prober.on_pass("7", [], beats, lambda b: b.host, "/run", ask, hosts=4)  # it beats again: a new incident later
-    event = prober.on_pass("7", ["node02"], beats, lambda b: b.host, "/run", ask, hosts=4)[0].event
+    prober.on_pass(silent([], beats), ask)  # it beats again: a new incident later
+    event = prober.on_pass(silent(["node02"], beats), ask)[0].event
     assert asked == ["node02", "node02"] and event.verdict == "dead" and event.ranks == {"1": "stopped"}
-    assert NodeProber().on_pass("7", ["node02"], beats, lambda b: b.host, "/run", None, hosts=4) == []
+    assert NodeProber().on_pass(silent(["node02"], beats), None) == []
     # Every node silent (the filesystem): nobody asked, and an earlier verdict no longer counts.
-    assert prober.on_pass("7", [f"node0{i}" for i in range(1, 5)], beats, lambda b: b.host, "/run", ask, hosts=4) == []
+    assert prober.on_pass(silent([f"node0{i}" for i in range(1, 5)], beats), ask) == []
     assert asked == ["node02", "node02"] and prober.verdicts("7") == {}
-    several = NodeProber().on_pass("7", ["node01", "node02", "node03"], beats, lambda b: b.host, "/run", ask, hosts=4)
+    several = NodeProber().on_pass(silent(["node01", "node02", "node03"], beats), ask)
     assert len(several) == 2, "at most MAX_ASKED_PER_PASS a pass (the next pass asks the rest)"

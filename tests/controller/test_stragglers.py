@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from orchestrator.contract import Heartbeat
 from orchestrator.controller.actions import ChangeState, Exclude, Notify, Record
 from orchestrator.controller.stragglers import RankSample, StragglerScorer, StragglerWatch
+from tests.pass_views import job_view
 
 NODES, RANKS_PER_NODE, TP, DP = 48, 8, 4, 8
 STEP_SECONDS = 105.0
@@ -122,7 +123,8 @@ def parsed(beats: list[dict]) -> list[Heartbeat]:
 def on_pass(watch: StragglerWatch, state, job, beats: list[dict], now: float, node_of) -> list:
     """One pass of the watch; its ChangeState applied to `state` as the controller's applier
     does, the other actions returned."""
-    actions = watch.on_pass(state, job, parsed(beats), now=now, node_of=node_of)
+    actions = watch.on_pass(job_view(job, state=state, beats=parsed(beats), mono=now,
+                                     node_of=lambda rank, host: node_of(rank, host, job)))
     for action in actions:
         if isinstance(action, ChangeState):
             state.stragglers = dict(action.stragglers)

@@ -5,6 +5,7 @@ checkpoint, which sample range), from the rules of the issue, not from the plann
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -34,14 +35,16 @@ from orchestrator.controller.actions import (
     Submit,
     WithdrawRequest,
 )
+from orchestrator.controller.pass_view import Jobs
 from orchestrator.plan.config.schema import HealthConfig
+from tests.pass_views import run_view
 
 NOW = 1_000_000.0
 GBS = 8
 # Steps 1..40 of a history, consumed_samples = 8 x step; checkpoints every 10 steps.
 HISTORY = [StepMetrics(step=s, time=float(s), loss=3.0, consumed_samples=GBS * s, global_batch=GBS) for s in range(1, 41)]
 CKPTS = [RollbackCandidate(s, GBS * s, True) for s in (10, 20, 30)]
-RUNNING = hp.Jobs(running="101", queued=("102",))
+RUNNING = Jobs(running="101", queued=("102",))
 
 
 def finding(kind="loss_spike", onset=25, met=27) -> TrainingFinding:
@@ -57,8 +60,8 @@ def running_state(**changes) -> ControllerState:
 
 
 def decide(state, findings, cfg, jobs=RUNNING):
-    return hp.on_findings(state, findings, cfg, history=HISTORY, checkpoints=CKPTS, jobs=jobs, wall_now=NOW,
-                          directive_id="rb-t1", owner_uid=1234)
+    view = run_view(state, jobs=jobs, wall=NOW, cfg=SimpleNamespace(health=cfg))
+    return hp.on_findings(view, findings, history=HISTORY, checkpoints=CKPTS, directive_id="rb-t1", owner_uid=1234)
 
 
 def recorded(actions, kind):
@@ -96,9 +99,9 @@ def test_pause_stops_through_the_kill_path_and_settles_once_the_job_is_gone():
     assert stop_request(actions).user == hp.CONTROLLER and stop_request(actions).uid == 1234
     assert recorded(actions, hev.HealthPauseRequested)[0].job_id == "101"
     pausing = ControllerState(status=RunStatus.PAUSING)
-    assert hp.settle(pausing, hp.Jobs(running="101")) == []  # still saving
-    assert hp.settle(pausing, hp.Jobs(unsettled=("101",))) == []  # its end not handled yet
-    [stop] = hp.settle(pausing, hp.Jobs())
+    assert hp.settle(pausing, Jobs(running="101")) == []  # still saving
+    assert hp.settle(pausing, Jobs(unsettled=("101",))) == []  # its end not handled yet
+    [stop] = hp.settle(pausing, Jobs())
     assert isinstance(stop, Stop) and stop.status == RunStatus.PAUSED and stop.notify_kind == "stopped"  # a page: a person looks
 
 
@@ -118,8 +121,8 @@ def test_rollback_goes_back_before_the_onset_and_skips_to_the_onset_plus_margin(
     assert (pending.to_step, pending.skip_samples, pending.requested_by) == (20, ((160, 216),), hp.CONTROLLER)
     # Nothing is written for the trainer while the job still runs; once it is gone, in this order:
     rolling = ControllerState(status=RunStatus.ROLLING_BACK, pending_rollback=pending.to_dict())
-    assert hp.settle(rolling, hp.Jobs(running="101")) == []
-    after = hp.settle(rolling, hp.Jobs())
+    assert hp.settle(rolling, Jobs(running="101")) == []
+    after = hp.settle(rolling, Jobs())
     # the new history begins at step 20 + 1 at the latest; the crash-loop count is forgiven
     bookkeeping = ChangeState(
         pending_rollback=None, rollback_awaited="rb-t1", new_history_by_step=21, restarts_without_progress=0
@@ -191,21 +194,21 @@ def test_an_operators_rollback_of_a_running_run_stops_it_in_their_name_outside_t
 
 def test_an_operators_rollback_of_a_stopped_run_goes_on_at_once():
     for status in (RunStatus.KILLED, RunStatus.PAUSED, RunStatus.CRASH_LOOP):
-        actions = by_operator(ControllerState(status=status), jobs=hp.Jobs())
+        actions = by_operator(ControllerState(status=status), jobs=Jobs())
         assert SetStatus(RunStatus.ROLLING_BACK) in actions and not any(isinstance(a, PublishRequest) for a in actions)
         state = ControllerState(status=status)
         state.move_to(RunStatus.ROLLING_BACK)  # the table allows it
         state.pending_rollback = pending_rollbacks(actions)[0].to_dict()
-        assert hp.settle(state, hp.Jobs())[-1] == Submit("rollback rb-op")
+        assert hp.settle(state, Jobs())[-1] == Submit("rollback rb-op")
 
 
 def test_an_operators_rollback_of_a_waiting_run_cancels_what_is_queued():
-    actions = by_operator(ControllerState(status=RunStatus.WAITING), jobs=hp.Jobs(queued=("102",)))
+    actions = by_operator(ControllerState(status=RunStatus.WAITING), jobs=Jobs(queued=("102",)))
     assert SetStatus(RunStatus.ROLLING_BACK) in actions and Cancel(("102",), "cancelled (rolling_back)") in actions
 
 
 def test_an_operators_rollback_is_refused_when_finished_or_a_kill_is_pending():
-    finished = by_operator(ControllerState(status=RunStatus.FINISHED), jobs=hp.Jobs())
+    finished = by_operator(ControllerState(status=RunStatus.FINISHED), jobs=Jobs())
     assert "finished" in recorded(finished, hev.RollbackRefused)[0].why and finished[-1] == Consume(ROLLBACK_REQUEST)
     pending = by_operator(running_state(), kill_pending=True)
     assert "kill request is pending" in recorded(pending, hev.RollbackRefused)[0].why
@@ -222,7 +225,7 @@ def test_an_operators_rollback_takes_over_a_pause_or_another_rollback():
 def test_a_kill_during_a_rollback_abandons_it():
     pending = Rollback(id="rb-x", to_step=20, skip_samples=((160, 216),), requested_by="controller")
     for status in (RunStatus.KILLING, RunStatus.KILLED):
-        actions = hp.settle(ControllerState(status=status, pending_rollback=pending.to_dict()), hp.Jobs())
+        actions = hp.settle(ControllerState(status=status, pending_rollback=pending.to_dict()), Jobs())
         assert "abandoned" in recorded(actions, hev.RollbackRefused)[0].why and actions[-1] == ChangeState(pending_rollback=None)
         assert not any(isinstance(a, (PublishDirective, Submit)) for a in actions)
 
