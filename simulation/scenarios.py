@@ -282,13 +282,15 @@ def replacement_was_queued(h: Harness, facts: dict) -> list[str]:
 
 
 def controller_dies_mid_incident(h: Harness, facts: dict) -> None:
+    # Killed before the node's silence is seen (silent_after: 30 s), so before its probe and death.
+    kill_after = 20.0
     down = 60.0 + h.timings.slurmd_timeout_seconds + 60.0
-    facts["down_seconds"] = 60.0 + down
+    facts["down_seconds"] = kill_after + down
 
     def kill_then_revive(h2: Harness, t: float, f: dict) -> None:
         lose_node(node_index=20)(h2, t, f)
-        h2.at(t + 60, lambda when: h2.kill_controller(), pre=0, post=0)
-        h2.at(t + 60 + down, lambda when: h2.start_controller(), pre=0, post=300)
+        h2.at(t + kill_after, lambda when: h2.kill_controller(), pre=0, post=0)
+        h2.at(t + kill_after + down, lambda when: h2.start_controller(), pre=0, post=300)
 
     fault_after("training", 1800, "controller_back", kill_then_revive)(h, facts)
 
@@ -500,7 +502,7 @@ SCENARIOS = [
              bound="none", expect="nothing", exclude="none",
              inject=fault_after("training", 1800, "none", slurm_down(300, "timeout"), quiet=300)),
     Scenario("controller_restart", given="node021 died 30 min in",
-             fault="the controller is killed 60 s later and back 7 min after (SLURM ended the job NODE_FAIL)",
+             fault="the controller is killed 20 s later and back 7 min after (SLURM ended the job NODE_FAIL)",
              bound="controller_back", expect="restart", exclude="slurm", inject=controller_dies_mid_incident),
     Scenario("kill_during_save", given="the first save", fault="an operator's kill switch 60 s into it",
              bound="none", expect="killed", exclude="none", inject=kill_during_save, watch_after=3600),
