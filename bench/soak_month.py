@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simulation.soak import FAULT_MIX, run_soak  # noqa: E402
+from simulation.soak import FAULT_MIX, late, run_soak  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Student's t, two-sided 95%, by degrees of freedom (n - 1); 1.96 beyond the table.
@@ -47,13 +47,13 @@ def seed_range(text: str) -> list[int]:
 
 
 def one_seed(seed: int, days: float, rate_x: float, anomalies: str, prior_rate_x: float | None = None,
-             checkpoint: dict | None = None) -> dict:  # fmt: skip
+             checkpoint: dict | None = None, probe: bool = True) -> dict:  # fmt: skip
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     holder = Path(tempfile.mkdtemp(prefix=f"soak-{seed}-", dir=base))
     start, cpu = time.time(), time.process_time()
     try:
         result = run_soak(holder / "run", days=days, seed=seed, rate_x=rate_x, anomalies=anomalies,
-                          prior_rate_x=prior_rate_x, checkpoint=checkpoint)  # fmt: skip
+                          prior_rate_x=prior_rate_x, checkpoint=checkpoint, probe=probe)  # fmt: skip
     finally:
         shutil.rmtree(holder, ignore_errors=True)
     result["wall_seconds_to_simulate"] = round(time.time() - start, 1)
@@ -108,16 +108,21 @@ def aggregate(runs: list[dict]) -> dict:
         "false_positives": sum(r["false_positives"] for r in runs),
         "false_exclusions": sum(len(r["false_exclusions"]) for r in runs),
         "missed": sum(r["missed_faults"] for r in runs),
-        "late_detections": sum(r["late_detections"] for r in runs),
+        "late_detections": sum(1 for r in runs for f in r["faults_injected"] if late(f)),
         # Which fault in which phase was later than its class's bound (a step-phase bound).
         "late_by_kind_and_phase": dict(
-            Counter(
-                f"{f['kind']} in {f.get('phase')}"
-                for r in runs
-                for f in r["faults_injected"]
-                if f.get("detected_after_seconds", 0) > f.get("bound_seconds", math.inf)
-            )
+            Counter(f"{f['kind']} in {f.get('phase')}" for r in runs for f in r["faults_injected"] if late(f))
         ),
+        # Network hangs: from the fault until every rank waits (the other replicas reach the
+        # gradient reduce), and the detection counted from the fault.
+        "network_all_waiting_after_seconds": [
+            (f["all_waiting_after_seconds"], f.get("detected_after_seconds"))
+            for r in runs
+            for f in r["faults_injected"]
+            if "all_waiting_after_seconds" in f
+        ],
+        "host_by_fault": host_by_fault(runs),
+        "probe_verdicts": dict(sum((Counter(r.get("probe_verdicts", {})) for r in runs), Counter())),
         "controller_crashes": sum(len(r["controller_crashes"]) for r in runs),
         "pool_short_alerts": sum(r["pool_short_alerts"] for r in runs),
         "silent_pending": sum(r["silent_pending"] for r in runs),
@@ -134,6 +139,30 @@ def aggregate(runs: list[dict]) -> dict:
             if n > 1
             else None,
         },
+    }
+
+
+def host_by_fault(runs: list[dict]) -> dict:
+    """Host faults by what happened to the node (lost, frozen): detection, the probe's first
+    answer and failure -> first step, p50/p99/max, and the probe's verdicts."""
+    out: dict[str, dict] = {}
+    for r in runs:
+        for f in r["faults_injected"]:
+            if f["kind"] == "host" and "skipped" not in f:
+                d = out.setdefault(f.get("host_fault", "lost"), {"detected": [], "probed": [], "first_step": [],
+                                                                  "verdicts": Counter()})  # fmt: skip
+                for key, field in (("detected", "detected_after_seconds"), ("probed", "probed_after_seconds"),
+                                   ("first_step", "first_step_after_seconds")):  # fmt: skip
+                    if field in f:
+                        d[key].append(f[field])
+                d["verdicts"][f.get("probe_verdict", "not asked")] += 1
+    return {
+        what: {
+            **{key: {"n": len(v), "p50": quantile(v, 0.5), "p99": quantile(v, 0.99), "max": max(v, default=None)}
+               for key, v in d.items() if key != "verdicts"},  # fmt: skip
+            "verdicts": dict(d["verdicts"]),
+        }
+        for what, d in out.items()
     }
 
 
@@ -170,6 +199,7 @@ def main() -> int:
     parser.add_argument("--days", type=float, default=30.0)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="seeds simulated at once")
     parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
+    parser.add_argument("--no-probe", action="store_true", help="the controller never asks a silent node")
     parser.add_argument("--resummarize", action="store_true", help="recompute --out's summary from its runs")
     args = parser.parse_args()
     if args.resummarize:
@@ -183,7 +213,7 @@ def main() -> int:
     start, cpu = time.time(), time.process_time()
     runs: list[dict] = []
     with ProcessPoolExecutor(max_workers=min(args.jobs, len(args.seeds))) as pool:
-        month = partial(one_seed, days=args.days, rate_x=args.rate_x, anomalies=args.anomalies)
+        month = partial(one_seed, days=args.days, rate_x=args.rate_x, anomalies=args.anomalies, probe=not args.no_probe)
         for done in as_completed([pool.submit(month, seed) for seed in args.seeds]):
             runs.append(done.result())  # written after each seed: a cut-short bench keeps what it has
             write_result(args, sorted(runs, key=lambda r: r["seed"]), start, cpu)
@@ -225,6 +255,13 @@ def summary(result: dict) -> str:
         f"goodput {100 * g['mean']:.2f}% (95% interval {100 * g['ci95'][0]:.2f}-{100 * g['ci95'][1]:.2f}%); planner "
         f"{100 * p['expected_goodput']:.2f}% ({100 * p['expected_goodput_job_level_only']:.2f}% with job-level restarts only)",
     ]
+    for what, d in s.get("host_by_fault", {}).items():
+        lines.append(
+            f"  host {what:<6} (n={d['detected']['n']}) probe answered p50 {d['probed']['p50']} s, max "
+            f"{d['probed']['max']} s {d['verdicts']}; detected p50 {d['detected']['p50']} s, max "
+            f"{d['detected']['max']} s; training again p50 {d['first_step']['p50']} s, p99 {d['first_step']['p99']} s"
+        )
+    lines.append(f"  probes: {s.get('probe_verdicts')}")
     for kind, d in s["detection_seconds"].items():
         if d["n"]:
             back = s["failure_to_first_step_seconds"][kind]

@@ -95,6 +95,7 @@ class Harness:
         dense_after_note: float = 30.0,
         foreign_jobs: bool = True,
         fs_capacity_bytes: int = 100 * 10**12,
+        probe: bool = True,
     ):
         self.cfg = cfg or bloom_config()
         self.run_dir = Path(run_dir)
@@ -106,6 +107,8 @@ class Harness:
         self.world = World(
             self.run_dir, self.cfg, self.timings, self.clock, seed=seed, spare_nodes=spare_nodes
         )
+        if not probe:  # a scheduler without probe_node: the controller never asks a silent node
+            self.world.slurm.probe_node = None
         if foreign_jobs:  # other users' jobs under the run's own name: never the run's to adopt
             name = run_job_name(self.cfg.name, RunPaths.of(self.run_dir).root)
             self.world.slurm.add_foreign_job(name, "alice", JobState.PENDING)

@@ -125,6 +125,7 @@ class Incarnation:
         nodes = [world.rng.uniform(0, timings.heartbeat_seconds) for _ in range(len(self.nodes))]
         self.offsets = [nodes[rank // world.gpus_per_node] for rank in range(world.world_size)]
         self.dead: dict[int, tuple[float, RankState]] = {}  # rank -> (time, frozen state)
+        self.stopped: set[int] = set()  # dead ranks whose processes stay, stopped (a frozen node)
         self.faulted_at: float | None = None  # progress stopped for good (hang, dead peer)
         self.gone_at: float | None = None
         self.exit_code: int | None = None
@@ -138,6 +139,7 @@ class Incarnation:
         self.forced_eval_seconds: float | None = None  # an eval of this length after the next step
         self.hang_at_wait = False  # the next step's reduce never completes (every rank waits in it)
         self.blocked: dict[int, marks.Stretch] = {}  # rank -> its marks, blocked in a collective (hang_rank)
+        self.all_waiting_at: float | None = None  # hang_rank: when the last rank made its last mark
         # Per-rank compute (straggler detection): each rank reports its own compute time of the last
         # step, its node's slowness times the step's base; the step itself waits for the slowest.
         tp = world.cfg.parallel.tp
@@ -383,8 +385,29 @@ class Incarnation:
             else:
                 at = reduce_at
             self.blocked[other] = stretch.block(at)
+        # The last progress any rank makes (a blocked rank's WAIT mark, its last mark before it):
+        # no rule can see the hang before then.
+        self.all_waiting_at = max(t, *(min(b.blocked, b.end) for b in self.blocked.values()))
         self.fault(t)
         return True
+
+    def stop_node(self, index: int, t: float, frozen: bool = False) -> None:
+        """Node `index`'s ranks stop at t without an exit beat: the node is lost (power, a kernel
+        panic) or `frozen` (SIGSTOP, a driver hang: its processes stay, stopped). Mid-step their
+        peers go on to the next collective that needs them and wait there (hang_rank's model: the
+        other replicas compute on until the step's gradient reduce); elsewhere every rank stops."""
+        per = self.world.gpus_per_node
+        ranks = range(index * per, (index + 1) * per)
+        self.hang_rank(ranks[0], t)  # False, nothing done, outside a step: fault() stops them all
+        for rank in ranks:
+            self.dead.setdefault(rank, (t, self.rank_state(rank)))
+        if frozen:
+            self.stopped.update(ranks)
+        self.fault(t)
+
+    def pid(self, rank: int) -> int:
+        """The process id rank r's beats carry (a relaunch's processes are new ones)."""
+        return 100000 + rank + 1000 * self.restart_count
 
     def rank_state(self, rank: int) -> RankState:
         """What rank r's file says now: every live rank's state, its own marks if it is blocked."""
@@ -493,7 +516,7 @@ class Incarnation:
             world_size=self.world.world_size,
             host=node,
             job_id=self.job_id,
-            pid=100000 + rank + 1000 * self.restart_count,
+            pid=self.pid(rank),
             step=state.step,
             phase=state.phase,
             beat_time=wall(max(last_grid, state.last_write)) + skew,

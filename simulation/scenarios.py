@@ -35,6 +35,8 @@ from typing import Any
 
 from orchestrator.contract.causes import Cause
 from orchestrator.contract.codes import ExitCode
+from orchestrator.controller.probing import PROBE_TIMEOUT_SECONDS
+from orchestrator.controller.timeouts import silent_after
 
 from .harness import Harness
 
@@ -223,12 +225,41 @@ def slow_save(h: Harness, facts: dict) -> None:
     )
 
 
-def skewed_then_node_loss(h: Harness, facts: dict) -> None:
+def freeze_node(node_index: int):
+    """Every process of the node stops (a driver hang, SIGSTOP); the node answers, SLURM sees nothing."""
+
+    def act(h: Harness, t: float, facts: dict) -> None:
+        inc = h.world.running_incarnation()
+        facts["culprit"] = h.world.freeze_node(t, inc.nodes[node_index])
+
+    return act
+
+
+def skewed_then_frozen_node(h: Harness, facts: dict) -> None:
     for i in range(5, 9):
         h.world.skew[f"node{i:03d}"] = +60.0
     for i in range(9, 13):
         h.world.skew[f"node{i:03d}"] = -60.0
-    fault_after("training", 3600, Cause.DEAD_RANK, lose_node(node_index=5))(h, facts)  # node006: +60 s
+    fault_after("training", 3600, Cause.DEAD_RANK, freeze_node(node_index=5))(h, facts)  # node006: +60 s
+
+
+def probe_said(verdict: str, node_key: str = "culprit") -> Callable[[Harness, dict[str, Any]], list[str]]:
+    """The silent node (facts[node_key]) was asked once, within silent_after + a poll + the probe's
+    timeout + a poll of the fault (controller/probing.py), and its answer was `verdict`."""
+
+    def check(h: Harness, facts: dict[str, Any]) -> list[str]:
+        node, w = facts.get(node_key), h.cfg.watchdog
+        asked = [(end, e) for _, end, e in h.events_named("node_probed") if e.node == node]
+        if len(asked) != 1 or asked[0][1].verdict != verdict:
+            return [f"{node}: expected one node_probed saying {verdict!r}, got {[e.to_dict() for _, e in asked]}"]
+        took, limit = asked[0][0] - facts["t"], silent_after(w) + 2 * w.poll_seconds + PROBE_TIMEOUT_SECONDS
+        return [] if took <= limit else [f"{node} asked {took:.0f} s after the fault, more than {limit:.0f} s"]
+
+    return check
+
+
+def both(*checks: Callable[[Harness, dict[str, Any]], list[str]]) -> Callable[[Harness, dict[str, Any]], list[str]]:
+    return lambda h, facts: [problem for check in checks for problem in check(h, facts)]
 
 
 def outage_while_queued(h: Harness, facts: dict) -> None:
@@ -251,13 +282,15 @@ def replacement_was_queued(h: Harness, facts: dict) -> list[str]:
 
 
 def controller_dies_mid_incident(h: Harness, facts: dict) -> None:
+    # Killed before the node's silence is seen (silent_after: 30 s), so before its probe and death.
+    kill_after = 20.0
     down = 60.0 + h.timings.slurmd_timeout_seconds + 60.0
-    facts["down_seconds"] = 60.0 + down
+    facts["down_seconds"] = kill_after + down
 
     def kill_then_revive(h2: Harness, t: float, f: dict) -> None:
         lose_node(node_index=20)(h2, t, f)
-        h2.at(t + 60, lambda when: h2.kill_controller(), pre=0, post=0)
-        h2.at(t + 60 + down, lambda when: h2.start_controller(), pre=0, post=300)
+        h2.at(t + kill_after, lambda when: h2.kill_controller(), pre=0, post=0)
+        h2.at(t + kill_after + down, lambda when: h2.start_controller(), pre=0, post=300)
 
     fault_after("training", 1800, "controller_back", kill_then_revive)(h, facts)
 
@@ -420,7 +453,8 @@ SCENARIOS = [
              check=failed_for(Cause.OUT_OF_MEMORY)),
     Scenario("node_loss", given="20 min after the first save", fault="node021 dies (its 8 ranks stop beating)",
              bound=Cause.DEAD_RANK, expect="restart", exclude="culprit",
-             inject=fault_after("save_done", 1200, Cause.DEAD_RANK, lose_node())),
+             inject=fault_after("save_done", 1200, Cause.DEAD_RANK, lose_node()), check=probe_said("lost"),
+             within=60.0),  # lost now: silent_after 30 + a poll + the probe's 10 s timeout + 2 polls
     Scenario("hang_before_first_save", given="training, no save yet",
              fault="a collective hangs mid-step: all ranks beat, no micro-batch ends",
              bound=Cause.HANG, expect="restart", exclude="none", inject=fault_after("training", 1800, Cause.HANG, hang),
@@ -449,10 +483,10 @@ SCENARIOS = [
     Scenario("node_storage_stall_600", given="training", fault="node008's writes block for 600 s while its ranks "
              "compute on: a stall (said once), not a lost node", bound="none", expect="nothing", exclude="none",
              inject=fault_after("training", 1800, "none", stall_one_node(600), quiet=600),
-             check=stalled_node_recorded),
+             check=both(stalled_node_recorded, probe_said("stall", "stalled_node"))),
     Scenario("clock_skew", given="node005-008 at +60 s, node009-012 at -60 s, 1 h of training",
-             fault="node006 (+60 s) dies", bound=Cause.DEAD_RANK, expect="restart", exclude="culprit",
-             inject=skewed_then_node_loss),
+             fault="node006 (+60 s) freezes (its processes stop, the node answers)", bound=Cause.DEAD_RANK,
+             expect="restart", exclude="culprit", inject=skewed_then_frozen_node, check=probe_said("dead")),
     Scenario("slurm_requeue", given="training", fault="SLURM requeues the job: same id, SLURM_RESTART_COUNT=1",
              bound="none", expect="nothing", exclude="none",
              inject=fault_after("training", 1800, "none", requeue, quiet=2400), watch_after=2400),
@@ -468,7 +502,7 @@ SCENARIOS = [
              bound="none", expect="nothing", exclude="none",
              inject=fault_after("training", 1800, "none", slurm_down(300, "timeout"), quiet=300)),
     Scenario("controller_restart", given="node021 died 30 min in",
-             fault="the controller is killed 60 s later and back 7 min after (SLURM ended the job NODE_FAIL)",
+             fault="the controller is killed 20 s later and back 7 min after (SLURM ended the job NODE_FAIL)",
              bound="controller_back", expect="restart", exclude="slurm", inject=controller_dies_mid_incident),
     Scenario("kill_during_save", given="the first save", fault="an operator's kill switch 60 s into it",
              bound="none", expect="killed", exclude="none", inject=kill_during_save, watch_after=3600),

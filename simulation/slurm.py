@@ -23,7 +23,10 @@ What it does, and the rules it follows (SLURM 22.05's, simplified):
   +RESERVED inside a reservation); `reserve(nodes, start, end)` is a maintenance reservation
   (running jobs keep their nodes, no job starts on them inside it); `repair(node)` is an admin
   returning a DOWN node to service;
-- the queue holds other users' jobs too, some under the run's own name.
+- the queue holds other users' jobs too, some under the run's own name;
+- `probe_node`: the controller's probe step of a silent node (`srun --overlap` inside the job),
+  answered by the world (`on_probe`: the node's ranks as /proc would show them); it fails (None)
+  while slurmctld does not answer, as srun does then.
 Jobs are never forgotten (as with accounting), so `jobs()` answers UNKNOWN only for ids it never had.
 The world is told when a job starts and stops (`on_start`, `on_stop`); the ranks are the world's.
 """
@@ -107,6 +110,7 @@ class SimSlurm:
         self.on_stop: Callable[[SimJob, float, str], None] = lambda job, t, why: None
         self.on_signal: Callable[[SimJob, float], None] = lambda job, t: None
         self.on_node_lost: Callable[[SimJob, str, float], None] = lambda job, node, t: None
+        self.on_probe: Callable[[str, str, float], str | None] = lambda job_id, node, timeout: None
         self._node_fail_at: dict[str, float] = {}  # node -> when SLURM declares it DOWN
         self._next_id = 4200
         self._processed_at = -math.inf
@@ -122,6 +126,19 @@ class SimSlurm:
 
     def outage(self, t: float, seconds: float, kind: str = "errors", lag: float = 0.0) -> None:
         self.outage_window = (t, t + seconds, kind, lag)
+
+    def probe_node(self, job_id: str, node: str, script: str, timeout: float) -> str | None:
+        """The probe step on `node` inside job `job_id` (orchestrator/slurm/real.py's): the world's
+        answer to it, None when it did not run or did not answer within `timeout`."""
+        self.calls.append((self.clock.t, "probe_node", node))
+        start, end, _, _ = self.outage_window
+        if self.clock.t < self.unreachable_until or start <= self.clock.t < end:
+            return None  # srun cannot create the step without slurmctld
+        return self.on_probe(str(job_id), node, timeout)
+
+    def answers(self, node: str) -> bool:
+        """The node's slurmd answers: it is not DOWN and not failing (SLURM not told yet)."""
+        return node not in self.down and node not in self._node_fail_at
 
     def _outage_answer(self, method: str) -> None:
         """What a stopped slurmctld answers: errors with an empty list (through the real parser),

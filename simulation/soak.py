@@ -8,7 +8,13 @@ Mix (their Table 5, grouped, approximate): 58% GPU (faulty GPU, HBM3, SRAM, GSP,
 rank is killed, srun reports the signal, its node is to blame); 13% software bugs (a rank raises,
 exit 1, no node to blame); 12% network (switch/cable, NIC, NCCL watchdog: a collective hangs, and NCCL's
 watchdog turns the hang into an abort of every rank: NCCL_* below);
-17% host (maintenance, PSU, chassis, CPU, memory, SSD: the node is lost).
+17% host (maintenance, PSU, chassis, CPU, memory, SSD): the node is lost (it stops answering,
+SLURM declares it DOWN after SlurmdTimeout) or frozen (a driver or kernel hang that stops its
+processes while the node answers: SLURM never notices), HOST_FROZEN_SHARE of them. Either way its
+peers go on to the next collective that needs it and wait there (the other replicas compute on
+until the step's gradient reduce). The controller asks the silent node (controller/probe.py):
+the world answers as /proc would (world.World._probe): a lost node does not answer, a frozen
+one's ranks are stopped (T), a node whose storage stalls has its gatherer in D.
 
 Honest anomalies (`anomalies="heavy"`), none of them a fault, each at a random time: every step's
 time times a lognormal factor (STEP_TAIL_SIGMA); every day a step 2.5x its usual time, a 5-minute eval and a 10-minute storage stall on one node (its writes
@@ -26,6 +32,7 @@ touched is a false exclusion.
 
 from __future__ import annotations
 
+import collections
 import math
 import random
 import statistics
@@ -54,8 +61,11 @@ FAULT_MIX = [  # (kind, share, what the simulation does, bound key)
         "(SIGABRT) after an async error (half of them, 8-60 s) or at its 10-min timeout",
         "hang",
     ),
-    ("host", FAULT_SHARES["host"], "a node is lost: its 8 ranks stop beating", "dead_rank"),
+    ("host", FAULT_SHARES["host"], "a node is lost or frozen: its 8 ranks stop beating", "dead_rank"),
 ]
+# Assumed (no published split): half of the host faults leave the node answering with its
+# processes stopped (a GPU driver or kernel hang), half take it away (power, a kernel panic).
+HOST_FROZEN_SHARE = 0.5
 
 
 BOUND_OF = {kind: bound for kind, _, _, bound in FAULT_MIX}
@@ -96,17 +106,20 @@ def run_soak(
     anomalies: str = "heavy",
     prior_rate_x: float | None = None,
     checkpoint: dict[str, Any] | None = None,
+    probe: bool = True,
 ) -> dict[str, Any]:
     """One simulated month (`days`) at `rate_x` times the published fault rate; `anomalies`:
     "heavy" (the module docstring's) or "none". The config's `cluster.gpu_mtbf_hours` (the
     planner's MTBF, the adaptive interval's prior) is the published rate times `prior_rate_x`
-    (None: `rate_x`, the rate the planner is given below too); `checkpoint` overrides that section."""
+    (None: `rate_x`, the rate the planner is given below too); `checkpoint` overrides that section;
+    `probe`: False, the controller cannot ask a silent node (its silence rule alone decides)."""
     if anomalies not in ("heavy", "none"):
         raise ValueError(f"anomalies={anomalies!r}: use 'heavy' or 'none'")
     rng = random.Random(seed + 1)
     prior = 1 / (RATE_PER_GPU_HOUR * (rate_x if prior_rate_x is None else prior_rate_x))
     cfg = bloom_config(cluster={"gpu_mtbf_hours": prior}, checkpoint=checkpoint or {})
-    with Harness(run_dir, seed=seed, cfg=cfg, spare_nodes=8, cap_seconds=3600.0, dense_after_note=0.0) as h:
+    with Harness(run_dir, seed=seed, cfg=cfg, spare_nodes=8, cap_seconds=3600.0, dense_after_note=0.0,
+                 probe=probe) as h:
         injected: list[dict[str, Any]] = []
         for t, kind in draw_faults(rng, days * 24, h.cfg.cluster.gpus, rate_x):
             # Dense from one beat and two polls before the fault (its last beat and marks are seen
@@ -119,7 +132,8 @@ def run_soak(
             h.world.step_tail = (random.Random(seed + 3), STEP_TAIL_SIGMA)
         h.run_until(days * 86400)
         result = summarize(h, injected, days, rate_x)
-        return {**result, "anomalies": anomalies, "rate_x": rate_x, "seed": seed, "honest_slowness": honest}
+        return {**result, "anomalies": anomalies, "rate_x": rate_x, "seed": seed, "honest_slowness": honest,
+                "probe": probe}
 
 
 def _heavy_tails(h: Harness, days: float, rng: random.Random) -> list[dict[str, Any]]:
@@ -210,15 +224,28 @@ def _injector(h: Harness, kind: str, injected: list[dict[str, Any]], rng: random
             # A collective of one TP group never completes (a link, a NIC): it blocks first, its
             # peers behind it, every rank ends waiting. Its own stream: the soak's draws stay put.
             h.world.hang(t, random.Random(int(t)).randrange(h.world.world_size), in_collective=True)
+            # The other replicas compute on until the step's gradient reduce: the hang is seen
+            # from then (every rank waiting), its detection bound counts from then.
+            record["all_waiting_after_seconds"] = round((inc.all_waiting_at or t) - t, 1)
             async_error = rng.random() < NCCL_ASYNC_ERROR_SHARE
             delay = rng.uniform(*NCCL_ASYNC_ERROR_SECONDS) if async_error else NCCL_TIMEOUT_SECONDS
             record["nccl_abort_after_seconds"] = round(delay, 1)
             h.world.at(t + delay, lambda when: h.world.abort_all(when, inc))
         else:
-            record["node"] = h.world.lose_node(t, inc.nodes[rng.randrange(len(inc.nodes))])
+            node = inc.nodes[rng.randrange(len(inc.nodes))]
+            frozen = random.Random(int(t) + 1).random() < HOST_FROZEN_SHARE  # its own stream too
+            record["host_fault"] = "frozen" if frozen else "lost"
+            record["node"] = h.world.freeze_node(t, node) if frozen else h.world.lose_node(t, node)
         injected.append(record)
 
     return fire
+
+
+def late(fault: dict[str, Any]) -> bool:
+    """Detected after its class's bound, counted from when the fault could be seen: a network
+    hang from when every rank waits (until then the other replicas compute on, as they would)."""
+    seen_after = fault.get("all_waiting_after_seconds", 0.0)
+    return fault.get("detected_after_seconds", 0.0) - seen_after > fault.get("bound_seconds", math.inf)
 
 
 def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: float = 1.0) -> dict[str, Any]:
@@ -263,6 +290,19 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
     costs = [min((x for x in trainings if x > f["t"]), default=wall) - f["t"] for f in real]
     for fault, cost in zip(real, costs, strict=True):
         fault["first_step_after_seconds"] = round(cost, 1)
+    probes = h.events_named("node_probed")
+    answered: set[int] = set()
+    for fault in real:  # the first answer of the faulty node's probe, and how long after the fault
+        answer = next((i for i, e in enumerate(probes) if e[2].job_id == fault["job_id"]
+                       and e[2].node == fault["node"] and e[0] >= fault["t"]), None)  # fmt: skip
+        if fault["node"] and answer is not None:
+            answered.add(answer)
+            fault["probed_after_seconds"] = round(probes[answer][1] - fault["t"], 1)
+            fault["probe_verdict"] = probes[answer][2].verdict
+    # Every probe's verdict: of a node an injected fault stopped, or of one without (a storage stall).
+    probe_verdicts = dict(collections.Counter(
+        f"{'fault' if i in answered else 'no fault'}: {e[2].verdict}" for i, e in enumerate(probes)
+    ))  # fmt: skip
     restart_hours = statistics.fmean(costs) / 3600 if costs else 0.0
     saves = _save_durations(h)
     save_seconds = statistics.fmean(saves) if saves else h.timings.save_seconds
@@ -295,10 +335,9 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
         "faults_injected": injected,
         "faults_real": len(real),
         "missed_faults": len(missed),
-        "late_detections": sum(
-            1 for f in real if f.get("detected_after_seconds", 0) > f.get("bound_seconds", 1e18)
-        ),
+        "late_detections": sum(1 for f in real if late(f)),
         "false_positives": len(false_positives),
+        "probe_verdicts": probe_verdicts,
         "false_positive_events": false_positives[:10],
         "false_exclusions": false_exclusions,
         "excluded_nodes": h.excluded(),

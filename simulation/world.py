@@ -40,6 +40,7 @@ from orchestrator.contract import (
 )
 from orchestrator.contract.interval import bounded_interval, interval_directive_path, read_interval_directive
 from orchestrator.contract.requests import read_accepted
+from orchestrator.controller.probing import FS_SECONDS
 from orchestrator.slurm.base import JobState
 
 from . import checkpoints as sim_ckpt
@@ -48,6 +49,10 @@ from .incarnation import Incarnation
 from .launcher import SimLauncher
 from .slurm import SimJob, SimSlurm
 from .timings import Timings
+
+# An `srun --overlap` step of one task inside a running job: its launch and exit (Slurm 22.05 on
+# the local cluster: under a second; an assumption at scale).
+PROBE_STEP_SECONDS = 1.0
 
 
 class World:
@@ -90,6 +95,7 @@ class World:
             self._signal,
         )
         self.slurm.on_node_lost = self._node_lost
+        self.slurm.on_probe = self._probe
         self.skew: dict[str, float] = {}
         self.step_tail: tuple[random.Random, float] | None = None  # (rng, sigma): lognormal step noise
         self.slowness: dict[str, float] = {}  # node -> factor of its ranks' compute time (a straggler)
@@ -361,11 +367,47 @@ class World:
         if inc is None:
             return None
         node = node or inc.nodes[len(inc.nodes) // 2]
-        first = inc.nodes.index(node) * self.gpus_per_node
-        for rank in range(first, first + self.gpus_per_node):
-            inc.kill_rank(rank, t)
+        inc.stop_node(inc.nodes.index(node), t)
         self.slurm.fail_node(node, t, requeue=requeue)
         return node
+
+    def freeze_node(self, t: float, node: str) -> str | None:
+        """Every process of `node` stops at t (a driver hang, SIGSTOP) while the node itself
+        answers: SLURM never notices, a probe finds its ranks stopped (T)."""
+        inc = self.running_incarnation()
+        if inc is None:
+            return None
+        inc.stop_node(inc.nodes.index(node), t, frozen=True)
+        return node
+
+    def _probe(self, job_id: str, node: str, timeout: float) -> str | None:
+        """What the controller's probe step prints on `node` (controller/probe.py's script): a
+        line per rank (/proc's state: T stopped, D blocked on storage, S running, gone) and
+        whether a stat of the run directory answered, after the time it takes on virtual time:
+        PROBE_STEP_SECONDS for the step, FS_SECONDS more when the stat does not answer, the whole
+        `timeout` when the node does not answer (lost: None)."""
+        inc = self.live.get(job_id)
+        if not self.slurm.answers(node):
+            self.clock.sleep(timeout)
+            return None
+        if inc is None or node not in inc.nodes:
+            return None  # srun refuses a node outside the job's allocation at once
+        stalled = self.now < max(self.stall_until, self.node_stalls.get(node, -math.inf))
+        per, index = self.gpus_per_node, inc.nodes.index(node)
+        lines = []
+        for rank in range(index * per, (index + 1) * per):
+            if rank in inc.stopped:
+                state = "T"
+            elif rank in inc.dead:
+                state = "gone"
+            elif stalled and rank == index * per:
+                state = "D"  # the node's gatherer, its heartbeat write blocked on storage
+            else:
+                state = "S"
+            lines.append(f"rank {rank} {inc.pid(rank)} {state}")
+        lines.append("fs stuck" if stalled else "fs ok")
+        self.clock.sleep(PROBE_STEP_SECONDS + (FS_SECONDS if stalled else 0.0))
+        return "\n".join(lines) + "\n"
 
     def hang(self, t: float, rank: int | None = None, in_collective: bool = False) -> None:
         """The running job hangs at t: every rank at once (a collective that never completes
