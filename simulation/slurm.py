@@ -133,7 +133,7 @@ class SimSlurm:
         self.calls.append((self.clock.t, "probe_node", node))
         start, end, _, _ = self.outage_window
         if self.clock.t < self.unreachable_until or start <= self.clock.t < end:
-            return None  # srun cannot create the step without slurmctld
+            raise SchedulerError("slurmctld does not answer: the node could not be asked (simulated)")
         return self.on_probe(str(job_id), node, timeout)
 
     def answers(self, node: str) -> bool:

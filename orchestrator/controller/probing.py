@@ -4,10 +4,11 @@ decides with them between "frozen" and "storage stall" instead of waiting out th
 
 The step runs inside the job's allocation (`srun --overlap`), bounded by PROBE_TIMEOUT_SECONDS,
 once per silent node per incident, at most MAX_ASKED_PER_PASS nodes a pass: a controller pass waits
-for them at most that long. Nobody is asked when every node is silent: that is the filesystem
-(a full or stalled one answers a stat and leaves the ranks running), not N frozen nodes. A
-scheduler without `probe_node` (the mocked SLURM, the simulation) is never asked: today's rule
-decides.
+for them at most that long. A probe that could not be made because slurmctld does not answer
+(SchedulerError) says nothing of the node: no verdict, the node is asked again on a later pass.
+Nobody is asked when every node is silent: that is the filesystem (a full or stalled one answers
+a stat and leaves the ranks running), not N frozen nodes. A scheduler without `probe_node` (the
+mocked SLURM) is never asked: today's rule decides.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from orchestrator.contract import failure_events as fev
+from orchestrator.errors import SchedulerError
 
 from . import probe
 from .actions import Action, Record
@@ -56,7 +58,11 @@ class NodeProber:
                 continue
             node = node_of(mine[0])
             script = probe.script({b.rank: b.pid for b in mine}, run_dir, FS_SECONDS)
-            report = probe.parse(node, ask(job_id, node, script, PROBE_TIMEOUT_SECONDS))
+            try:
+                output = ask(job_id, node, script, PROBE_TIMEOUT_SECONDS)
+            except SchedulerError:
+                break  # slurmctld does not answer: nothing learned of any node; asked on a later pass
+            report = probe.parse(node, output)
             verdict, why = probe.verdict(report)
             self.asked[(job_id, host)] = verdict
             ranks = {str(r): s.value for r, s in sorted(report.ranks.items())}

@@ -40,6 +40,9 @@ JOB_NAME = re.compile(r"^[A-Za-z0-9_.+\-]{1,200}$")
 RELEASE = re.compile(r"^slurm(?:-wlm)? (\d+)\.(\d+)(?:\.\S+)?$")
 # squeue asked for a single job that slurmctld has forgotten (older than MinJobAge): not an outage.
 FORGOTTEN_JOB = "Invalid job id specified"
+# A slurmctld that answers does so in milliseconds; a stopped or overloaded one would keep a
+# controller pass waiting its whole MessageTimeout.
+CONTROLLER_PING_SECONDS = 3.0
 
 
 def _show(args: Sequence[str], proc: subprocess.CompletedProcess[str]) -> str:
@@ -87,16 +90,30 @@ class SlurmScheduler:
     def probe_node(self, job_id: str, node: str, script: str, timeout: float) -> str | None:
         """Run `script` (sh) as one step of job `job_id` on `node`, beside its running steps
         (--overlap, no resources of its own). Its output, at most 64 KiB, read from a pipe (no
-        file, so nothing to follow); None when it did not run or did not end within `timeout`."""
+        file, so nothing to follow); None when the node did not run it or did not end it within
+        `timeout`. srun needs slurmctld to create the step: a step that failed while slurmctld
+        does not answer says nothing of the node, so that raises SchedulerError instead (a
+        stopped slurmctld leaves srun waiting exactly as an unreachable node does)."""
         args = ["srun", "--overlap", f"--jobid={job_id}", "-w", node, "-N1", "-n1", "--quiet",
                 "sh", "-c", script]  # fmt: skip
         try:
             proc = subprocess.run(args, env=self.env, capture_output=True, timeout=timeout, check=False)
         except (OSError, subprocess.TimeoutExpired):
-            return None
-        if proc.returncode != 0:
-            return None
-        return proc.stdout[: 64 << 10].decode(errors="replace")
+            proc = None
+        if proc is not None and proc.returncode == 0:
+            return proc.stdout[: 64 << 10].decode(errors="replace")
+        if not self.controller_answers():
+            raise SchedulerError(f"slurmctld does not answer: {node} could not be asked (job {job_id})")
+        return None
+
+    def controller_answers(self, timeout: float = CONTROLLER_PING_SECONDS) -> bool:
+        """`scontrol ping` says a slurmctld is UP within `timeout` seconds."""
+        try:
+            proc = subprocess.run(["scontrol", "ping"], env=self.env, capture_output=True, text=True,
+                                  timeout=timeout, check=False)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return proc.returncode == 0 and " is UP" in proc.stdout
 
     # Submission --------------------------------------------------------------------------------
     def submit(self, request: SubmitRequest) -> str:

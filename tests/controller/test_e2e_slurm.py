@@ -33,6 +33,7 @@ from fakes import REPO
 from orchestrator.contract import JobState, RunPaths, read_heartbeats, read_jsonl
 from orchestrator.contract.state import RunStatus
 from orchestrator.controller import Controller
+from orchestrator.errors import SchedulerError
 from orchestrator.plan.config import parse_config
 from orchestrator.plan.config.load import resolve_paths
 from tests.run_records import event_dicts
@@ -295,11 +296,20 @@ def test_slurmctld_stopped_75s_mid_run_is_an_outage_not_an_end(e2e_run, local_cl
         os.kill(ctld, signal.SIGCONT)
         stopped["resumed"] = time.monotonic()
 
+    def probe_in_the_outage(node: str) -> None:
+        """A silent node asked now: srun cannot make the step, and that must not read as the
+        node lost (the probe raises, nothing is judged)."""
+        try:
+            stopped["probe"] = ctl.scheduler.probe_node(job_id, node, "echo fs ok", 5.0)
+        except SchedulerError as error:
+            stopped["probe"] = error
+
     def stop_ctld(c: Controller) -> None:
         if not stopped and any(b["step"] >= 1 for b in beats_of_running_job(c)):
             os.kill(ctld, signal.SIGSTOP)
             stopped["at"] = time.monotonic()
             threading.Timer(75.0, resume_ctld).start()  # on time, whatever a pass is waiting for
+            threading.Timer(2.0, probe_in_the_outage, [c.state.job(job_id).nodes[0]]).start()
 
     try:
         assert drive(ctl, 240, act=stop_ctld) == RunStatus.FINISHED, job_outputs(ctl.paths)
@@ -313,6 +323,8 @@ def test_slurmctld_stopped_75s_mid_run_is_an_outage_not_an_end(e2e_run, local_cl
     said = [e for e in events if e["event"] in ("scheduler_unreachable", "job_not_listed")]
     print(f"the outage as the controller read it: {said}")
     assert "resumed" in stopped and said
+    print(f"a probe step asked during the outage: {stopped.get('probe')!r}")
+    assert isinstance(stopped.get("probe"), SchedulerError), "a probe in the outage must say the controller, not the node"
     assert "failure" not in kinds and "restart" not in kinds, kinds
     assert [j.job_id for j in ctl.state.jobs] == [job_id], "the run finished in its first job"
     assert kinds.count("job_submitted") == 0, "nothing was resubmitted"

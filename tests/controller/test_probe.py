@@ -100,3 +100,26 @@ def test_each_silent_node_is_asked_once_per_incident():
     assert asked == ["node02", "node02"] and prober.verdicts("7") == {}
     several = NodeProber().on_pass(silent(["node01", "node02", "node03"], beats), ask)
     assert len(several) == 2, "at most MAX_ASKED_PER_PASS a pass (the next pass asks the rest)"
+
+
+def test_a_probe_slurmctld_could_not_make_is_no_verdict_and_is_asked_again():
+    """srun needs slurmctld to make the step: while it does not answer, a silent node is not
+    'lost' (that would kill a node for the controller's outage), and nothing is remembered."""
+    from orchestrator.errors import SchedulerError
+
+    down = {"ctld": True}
+    asked = []
+
+    def ask(job, node, script, timeout):
+        asked.append(node)
+        if down["ctld"]:
+            raise SchedulerError("slurmctld does not answer")
+        return "rank 1 101 T\nfs ok\n"
+
+    prober = NodeProber()
+    beats = [beat(r, 1) for r in range(4)]
+    assert prober.on_pass(silent(["node02", "node03"], beats), ask) == []
+    assert prober.verdicts("7") == {} and asked == ["node02"], "no verdict, and no second srun into the outage"
+    down["ctld"] = False
+    [probed] = prober.on_pass(silent(["node02"], beats), ask)
+    assert probed.event.verdict == "dead" and prober.verdicts("7") == {"node02": Verdict.DEAD}

@@ -162,3 +162,23 @@ def test_wait_status_hostlists_and_scontrol_records():
     assert record["Partition"] == "debug", "two spaces after a value (as scontrol prints them) are not part of it"
     with pytest.raises(SchedulerError, match="cannot parse"):
         parse_scontrol_record("slurm_load_jobs error: Invalid job id specified")
+
+
+@pytest.mark.parametrize(("ping", "expected"), [
+    ((0, "Slurmctld(primary) at ctl1 is UP\n", ""), None),
+    ((1, "Slurmctld(primary) at ctl1 is DOWN\n", ""), SchedulerError),
+])  # fmt: skip
+def test_a_failed_probe_step_is_the_nodes_only_while_slurmctld_answers(tmp_path, ping, expected):
+    """srun fails the same way for a node that does not answer and for a slurmctld that does not:
+    `scontrol ping` tells them apart (the node is lost only while the controller is UP)."""
+    env = fake_tools(tmp_path, srun=(1, "", "srun: error: Unable to create step for job 7\n"), scontrol=ping)
+    scheduler = SlurmScheduler(env=env)
+    if expected is None:
+        assert scheduler.probe_node("7", "node02", "true", 5.0) is None
+    else:
+        with pytest.raises(SchedulerError, match="slurmctld does not answer"):
+            scheduler.probe_node("7", "node02", "true", 5.0)
+    assert "scontrol ping" in (tmp_path / "argv.log").read_text()
+    (tmp_path / "ok").mkdir()
+    answered = fake_tools(tmp_path / "ok", srun=(0, "rank 1 101 T\nfs ok\n", ""))
+    assert SlurmScheduler(env=answered).probe_node("7", "node02", "true", 5.0) == "rank 1 101 T\nfs ok\n"
