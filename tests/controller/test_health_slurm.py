@@ -148,7 +148,7 @@ def test_a_spike_that_comes_back_stops_at_the_budget_and_notifies(scenario):
     said = [r["text"] for r in scenario.notified if r.get("event") == "health"]
     print("\n".join(said))
     assert any("no automatic rollback" in text and "budget" in text for text in said)
-    assert sum("rolling back to step" in text for text in said) == 2
+    assert sum("rollback planned" in text for text in said) == 2
     assert len(of_kind(paths, "rollback_applied")) >= 2
 
 
