@@ -62,7 +62,7 @@ def config_for(ranks: int):
     data["parallel"]["rampup"] = None
     if ranks != 384:  # 16,384 = 2^14 GPUs: a power-of-two layout (the config rules check it)
         data["parallel"].update(tp=8, pp=2, micro_batch_size=1)
-    data["notifications"] = {"webhook": None, "email": None}
+    data["notifications"] = {}
     data["operators"] = {"group": None, "users": []}
     return parse_config(data, source=f"bench-{ranks}")
 

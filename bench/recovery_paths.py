@@ -80,7 +80,7 @@ def config(spare_nodes: int, local_dir: Path | None = None):
     data["checkpoint"].update(interval_steps=4, async_save=True, local_dir=str(local_dir) if local_dir else None)
     data["watchdog"].update(heartbeat_seconds=0.5, poll_seconds=0.5, dead_after_seconds=4, step_timeout_seconds=20)
     data["operators"] = {"group": None, "users": []}
-    data["notifications"] = {"webhook": None, "email": None}
+    data["notifications"] = {}
     return resolve_paths(parse_config(data, source="bench"), REPO / "configs")
 
 

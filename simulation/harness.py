@@ -69,7 +69,7 @@ RECORDS = {"checkpoint_complete", "job_training", "node_stalled", "first_step_af
 def bloom_config(**overrides: Any):
     """configs/bloom-176b.yaml without notifications or operators (nobody to notify, no group)."""
     data = load_yaml(BLOOM_CONFIG)
-    data["notifications"] = {"webhook": None, "email": None}
+    data["notifications"] = {}
     data["operators"] = {"group": None, "users": []}
     for section, values in overrides.items():
         data.setdefault(section, {}).update(values) if isinstance(values, dict) else data.__setitem__(

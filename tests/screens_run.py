@@ -14,6 +14,13 @@ The story, on 2026-11-30 unless said (NOW = 14:05:00; a step takes 105 s):
          13:40   the checkpoint disk is short of room for the next checkpoint
          13:52   an operator's `runctl nodes --clear` request accepted
          14:05   now: step 3466; node17 silent for 212 s (dead after 120 s), node31 late (95 s)
+
+Beside it, copies told differently (build_variants), for the words the main story cannot show:
+    killed/   the same run stopped by the kill switch at 13:58 (job 1001 saved and exited 17),
+              read while squeue fails (its stdout and stderr in the warning);
+    queued/   job 1001 submitted by `runctl submit` and training, no controller ever ran (no
+              state.json, no events): what `ls` counts and whose heartbeats `status` shows;
+    tp3.yaml  BLOOM's config with tp: 3, which `plan` refuses.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import datetime
 import fcntl
 import json
 import os
+import shutil
 from pathlib import Path
 
 from orchestrator.contract import Heartbeat, RunPaths, StepMetrics, atomic_write_json, atomic_write_text
@@ -31,8 +39,9 @@ from orchestrator.contract.controller_beat import write_beat
 from orchestrator.contract.ledger import LastSeen, Submission, append_submission, write_last_seen
 from orchestrator.contract.manifest import FileEntry, Manifest, write_manifest
 from orchestrator.contract.paths import LATEST_NAME
-from orchestrator.contract.state import ControllerState, JobRecord, RunStatus, save_state
+from orchestrator.contract.state import ControllerState, JobRecord, RunStatus, load_state, save_state
 from orchestrator.plan.config import dump_config, load_config
+from orchestrator.slurm.mock import MockSlurm
 
 REPO = Path(__file__).resolve().parents[1]
 UTC = datetime.timezone.utc
@@ -78,10 +87,10 @@ def events() -> list[ev.Event]:
                    cause="dead_rank", failure_time=at(30, 12, 26, 25), detection_time=at(30, 12, 30),
                    restart_time=at(30, 12, 30), resume_step=LAST_SAVE, last_step=FAILED_AT,
                    work_lost_steps=FAILED_AT - LAST_SAVE, work_lost_seconds=(FAILED_AT - LAST_SAVE) * STEP_SECONDS,
-                   excluded=["node23"], how="inside job 1001: launch 2 leaving out node23 (3 spare(s) left)"),
+                   excluded=["node23"], how="inside job 1001: launch 1 leaving out node23 (3 spare(s) left)"),
         fev.NodesExcluded(time=at(30, 12, 30), nodes=["node23"], job_id="1001", cause="dead_rank",
                          excluded=["node23"]),
-        ev.JobTraining(time=AGAIN, job_id="1001", launch=2, step=LAST_SAVE + 1, resumed_from=LAST_SAVE,
+        ev.JobTraining(time=AGAIN, job_id="1001", launch=1, step=LAST_SAVE + 1, resumed_from=LAST_SAVE,
                        checkpoint_load_seconds=95.0),
         fev.FirstStepAfterRestart(time=AGAIN + STEP_SECONDS, job_id="1001", step=LAST_SAVE + 1,
                                  resume_step=LAST_SAVE, resumed_from=LAST_SAVE,
@@ -196,3 +205,49 @@ def hold_controller_lock(paths: RunPaths) -> int:
                started_at=at(26, 8, 0), now=NOW - 2, node_beat_age=ages)  # fmt: skip
     os.utime(paths.controller_heartbeat, (NOW - 2, NOW - 2))
     return fd
+
+
+KILLED_AT = at(30, 13, 58)
+SQUEUE_FAILS = """#!/bin/sh
+# squeue as a busy slurmctld answers it: a line on stdout, the error on stderr, exit 1.
+echo "squeue: warning: retrying"
+echo "slurm_load_jobs error: Socket timed out on send/recv operation" >&2
+exit 1
+"""
+
+
+def build_variants(paths: RunPaths) -> None:
+    """killed/, queued/, tp3.yaml and bin/squeue beside the run (see the module's docstring)."""
+    root = paths.root.parent
+    killed = RunPaths.of(shutil.copytree(paths.root, root / "killed", symlinks=True))
+    state = load_state(killed)
+    state.status = RunStatus.KILLED
+    for job in state.jobs[1:]:
+        job.ended_at, job.state = KILLED_AT, "failed" if job.job_id == "1001" else "cancelled"
+        job.exit_code, job.outcome = (17, "killed") if job.job_id == "1001" else (None, "cancelled")
+    save_state(killed, state)
+    write_last_seen(killed.last_seen, {})
+    stop = "run stopped by the kill switch: maintenance window (by oncall)"
+    for event in (ev.KillRequested(time=at(30, 13, 55), by="oncall", reason="maintenance window"),
+                  ev.JobEnded(time=KILLED_AT, job_id="1001", state="failed", exit_code=17, outcome="killed"),
+                  fev.RunStopped(time=KILLED_AT, status="killed", message=stop, by="oncall")):  # fmt: skip
+        ev.write_event(killed.events, event)
+    queued = RunPaths.of(shutil.copytree(paths.root, root / "queued", symlinks=True))
+    for name in (queued.state, queued.events, queued.submissions, queued.last_seen, queued.exclude_list):
+        name.unlink()
+    append_submission(queued.submissions, Submission(job_id="1001", time=at(30, 11, 50), reason="submit",
+                                                     chain_index=0, user="stas", scheduler="mock"))  # fmt: skip
+    # The scheduler's word for it (its own mock): job 1001 runs since 11:52.
+    mock = MockSlurm(root / "mock-queued")
+    with mock.locked() as slurm:
+        slurm["next_id"] = 1001
+    mock.push_scenario([{"state": "RUNNING", "polls": 10**9}])
+    assert mock.submit({"job-name": "tr11-176B-ml", "nodes": "52"}, str(queued.config)) == "1001"
+    with mock.locked() as slurm:
+        slurm["jobs"]["1001"].update(state="RUNNING", submit_time=at(30, 11, 50), start_time=at(30, 11, 52))
+    text = (REPO / "configs" / "bloom-176b.yaml").read_text()
+    assert "\n  tp: 4\n" in text
+    atomic_write_text(root / "tp3.yaml", text.replace("\n  tp: 4\n", "\n  tp: 3\n"))
+    (root / "bin").mkdir()
+    atomic_write_text(root / "bin" / "squeue", SQUEUE_FAILS)
+    os.chmod(root / "bin" / "squeue", 0o755)

@@ -200,6 +200,9 @@ class StragglerChange(Event):
 @dataclass(frozen=True, kw_only=True)
 class Straggler(StragglerChange):
     KIND = "straggler"
+    # watchdog.straggler_exclude: left out of every later job (else a person has it drained);
+    # None where the record does not say.
+    excluded_next: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@ the only writers of everything the controller trusts, and operators only drop re
 Modes set by `prepare_permissions` (the controller calls it at start):
 
     <run_dir>/         2750  operators' group: operators read and traverse, nobody else
-    run.yaml           0640  holds cluster.env and the webhook URL: never world-readable
+    run.yaml           0640  holds cluster.env and the notification URLs: never world-readable
     jobs/*/job.sbatch  0750  same secrets (the exported env)
     state.json,
     events.jsonl,

@@ -6,7 +6,7 @@
 - info: a stop or an end a person asked for or expects (a kill, the run finished).
 
 `notifications` (orchestrator/controller/notify.py) routes by it: `page:` URLs get pages, `chat:` URLs get
-chat and pages, `urls` (and `webhook`, `email`) everything. apprise's notify type follows it. A
+chat and pages, `urls` everything. apprise's notify type follows it. A
 run's stop is a page when it stopped on its own (kinds crash_loop and stopped: config error,
 paused for health), info when an operator asked (kill) or it finished. `runctl doctor` fails on the same stops
 (`NEEDS_A_PERSON`), and deploy/prometheus/runctl-alerts.yml has a rule for each.

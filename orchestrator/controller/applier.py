@@ -29,6 +29,7 @@ from orchestrator.contract.requests import publish_request, withdraw_request
 from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, JobRecord, Recovery, RunStatus
 from orchestrator.slurm.base import Scheduler
+from orchestrator.views.event_text import sentence
 
 from . import requests as intake
 from .actions import (
@@ -366,8 +367,4 @@ class Applier:
         self.reporter.emit(restart)
         state.recovering = Recovery(job_id, action.failure_time, now, action.resume_step)
         state.move_to(RunStatus.RESTARTING)
-        self.reporter.notify(
-            Notice.RESTART,
-            f"restarting from step {action.resume_step} after {action.cause} in job {action.failed_job_id}: {how}",
-            restart.to_dict(),
-        )
+        self.reporter.notify(Notice.RESTART, sentence(restart), restart.to_dict())

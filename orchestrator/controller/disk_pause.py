@@ -25,9 +25,8 @@ from orchestrator.contract import events as ev
 from orchestrator.contract.disk_space import DiskCheck
 from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, DiskPause, JobRecord, RunStatus
-from orchestrator.views.event_text.disk_words import pause_message
 
-from .actions import Action, Cancel, ChangeState, Hold, Notify, Record, Release, SetStatus, Submit
+from .actions import Action, Cancel, ChangeState, Hold, Record, Release, SetStatus, Submit, alert
 
 
 def pause_on_failure(
@@ -65,22 +64,20 @@ def pause_on_failure(
         to_delete=list(to_delete),
         held_jobs=list(to_hold),
     )
-    actions += [
-        Record(
-            ev.DiskFullPaused(
-                mount=pause.mount,
-                free_bytes=pause.free_bytes,
-                needed_bytes=pause.needed_bytes,
-                job_id=job_id,
-                cause=cause,
-                to_delete=pause.to_delete,
-            )
-        ),
+    paused = ev.DiskFullPaused(
+        mount=pause.mount,
+        free_bytes=pause.free_bytes,
+        needed_bytes=pause.needed_bytes,
+        job_id=job_id,
+        cause=cause,
+        to_delete=pause.to_delete,
+    )
+    return [
+        *actions,
+        *alert(paused, Notice.DISK),
         ChangeState(disk_pause=pause),
         SetStatus(RunStatus.DISK_FULL),
-        Notify(Notice.DISK, pause_message(pause, cause), {"mount": pause.mount, "job_id": job_id}),
     ]
-    return actions
 
 
 def while_paused(

@@ -156,20 +156,20 @@ def _on_findings(
                 *_rollback(directive, jobs, True, owner_uid, wall_now, plan.rollbacks_in_window),
                 ChangeState(rollback_times=[*state.rollback_times, wall_now][-MAX_ROLLBACK_TIMES:]),
             ]
-        actions += [
+        actions.append(
             Record(
                 hev.RollbackRefused(
                     why=plan.reason, by=CONTROLLER, rollbacks_in_window=plan.rollbacks_in_window
                 )
-            ),
-            Notify(
-                Notice.HEALTH, f"no automatic rollback, pausing the run: {plan.reason}", {"onset_step": onset}
-            ),
-        ]
+            )
+        )
         why = f"{why}; no automatic rollback: {plan.reason}"
+    pause = hev.HealthPauseRequested(why=why[:2000], job_id=jobs.running)
+    # A pause the rules chose is said by its findings; one instead of a refused rollback is news.
+    said = alert(pause, Notice.HEALTH) if strongest == "rollback" else [Record(pause)]
     return [
         *actions,
-        Record(hev.HealthPauseRequested(why=why[:2000], job_id=jobs.running)),
+        *said,
         *_stop(RunStatus.PAUSING, jobs, CONTROLLER, owner_uid, f"training health: {why}"[:500], wall_now),
     ]
 
@@ -198,17 +198,21 @@ def on_rollback_request(
     directive = request.rollback.directive(directive_id, request.reason, request.user, wall_now)
     status = state.status
     if status == RunStatus.ROLLING_BACK:  # the job is stopping already: this directive replaces the other
-        return [_planned(directive, False, jobs.running), ChangeState(pending_rollback=directive), *consumed]
+        return [
+            Record(_planned(directive, False, jobs.running)),
+            ChangeState(pending_rollback=directive),
+            *consumed,
+        ]
     if status == RunStatus.PAUSING:
         return [
-            _planned(directive, False, jobs.running),
+            Record(_planned(directive, False, jobs.running)),
             ChangeState(pending_rollback=directive),
             SetStatus(RunStatus.ROLLING_BACK),
             *consumed,
         ]
     if status.stopped:  # nothing runs, nothing is queued: settle() goes on in this pass
         return [
-            _planned(directive, False, None),
+            Record(_planned(directive, False, None)),
             ChangeState(pending_rollback=directive),
             SetStatus(RunStatus.ROLLING_BACK),
             *consumed,
@@ -278,34 +282,28 @@ def rollback_applied(state: ControllerState, job_id: str, beat: Heartbeat | None
     ]
 
 
-def _planned(directive: Rollback, automatic: bool, job_id: str | None, in_window: int = 0) -> Record:
-    return Record(
-        hev.RollbackPlanned(
-            directive_id=directive.id,
-            to_step=directive.to_step,
-            skip_samples=[list(r) for r in directive.skip_samples],
-            lr_scale=directive.lr_scale,
-            lr_scale_steps=directive.lr_scale_steps,
-            reason=directive.reason,
-            by=directive.requested_by,
-            automatic=automatic,
-            rollbacks_in_window=in_window,
-            job_id=job_id,
-        )
+def _planned(
+    directive: Rollback, automatic: bool, job_id: str | None, in_window: int = 0
+) -> hev.RollbackPlanned:
+    return hev.RollbackPlanned(
+        directive_id=directive.id,
+        to_step=directive.to_step,
+        skip_samples=[list(r) for r in directive.skip_samples],
+        lr_scale=directive.lr_scale,
+        lr_scale_steps=directive.lr_scale_steps,
+        reason=directive.reason,
+        by=directive.requested_by,
+        automatic=automatic,
+        rollbacks_in_window=in_window,
+        job_id=job_id,
     )
 
 
 def _rollback(
     directive: Rollback, jobs: Jobs, automatic: bool, uid: int, wall_now: float, in_window: int
 ) -> list[Action]:
-    skips = ", ".join(f"[{a}, {b})" for a, b in directive.skip_samples) or "none"
-    message = (
-        f"rolling back to step {directive.to_step} (samples skipped: {skips}), by {directive.requested_by}: "
-        f"{directive.reason}"
-    )
     return [
-        _planned(directive, automatic, jobs.running, in_window),
-        Notify(Notice.HEALTH, message, {"directive_id": directive.id, "to_step": directive.to_step}),
+        *alert(_planned(directive, automatic, jobs.running, in_window), Notice.HEALTH),
         ChangeState(pending_rollback=directive),
         *_stop(
             RunStatus.ROLLING_BACK,

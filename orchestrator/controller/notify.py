@@ -6,13 +6,10 @@ orchestrator/contract/severity.py, the one table):
 - `page`: apprise URLs that get pages only (a person must act: PagerDuty, Opsgenie ...);
 - `chat`: apprise URLs that get chat and pages (the team's channel);
 - `urls`: apprise URLs that get everything, e.g. `slack://T000/B000/XXXX`, `msteams://...`, `pagerduty://KEY@APIKEY`,
-  `matrix://user:pass@host/#room`, `mailtos://user:pass@smtp.example.org?to=oncall@example.org`;
-- `webhook` (kept from before apprise): an http(s) URL. A URL apprise knows natively (a Slack or
-  Discord hook ...) goes to that service; any other gets apprise's JSON POST, with the message
-  under "text" (what Slack-style receivers read) and "run", "event", "severity" and "host"
-  beside it; the
-  details are lines of the text;
-- `email` (kept): an SMTP relay without login, sent as apprise's `mailto://host:port?from=&to=`.
+  `matrix://user:pass@host/#room`, `mailtos://user:pass@smtp.example.org?to=oncall@example.org`,
+  an SMTP relay without login as `mailto://relay:25?from=a@example.org&to=b@example.org`, a plain
+  JSON receiver as `json://host:port/path` (apprise's POST: "title", "message", "type").
+The title is `[run] kind: message` on one line; the message is the text and the details' lines.
 
 A notification that fails is reported (returned; the caller writes it to events.jsonl), never
 raised: a flaky chat server must not stop the controller that keeps a 384-GPU run alive.
@@ -27,27 +24,19 @@ scrubbed of every part of the URL, and nothing of apprise's reaches the process'
 from __future__ import annotations
 
 import re
-import socket
 import urllib.parse
 from typing import Any
 
 from orchestrator.contract.severity import Severity, severity_of
-from orchestrator.plan.config.notify_urls import (
-    SERVER_SCHEMES,
-    apprise_knows,
-    apprise_quiet,
-    email_url,
-    redact_url,
-)
+from orchestrator.plan.config.notify_urls import SERVER_SCHEMES, apprise_quiet, redact_url
 
 # What the lowest severity each list takes: a destination gets that severity and every higher one.
 ROUTES = (("page", Severity.PAGE), ("chat", Severity.CHAT), ("urls", Severity.INFO))
 
 
-def destinations(settings: Any, run_name: str, kind: str) -> list[tuple[str, str]]:
+def destinations(settings: Any, kind: str) -> list[tuple[str, str]]:
     """(how a problem names it, apprise URL) of each destination of one notification: the `page`,
-    `chat` and `urls` lists its severity reaches (a URL in two lists gets it once), then the
-    webhook and the e-mail relay (everything)."""
+    `chat` and `urls` lists its severity reaches (a URL in two lists gets it once)."""
     severity = severity_of(kind)
     found: list[tuple[str, str]] = []
     for key, lowest in ROUTES:
@@ -57,35 +46,7 @@ def destinations(settings: Any, run_name: str, kind: str) -> list[tuple[str, str
                 for url in getattr(settings, key, None) or []
                 if url not in {u for _, u in found}
             ]
-    if settings.webhook:
-        found.append(
-            (f"webhook {redact_url(settings.webhook)}", webhook_url(settings.webhook, run_name, kind))
-        )
-    if settings.email is not None:
-        found.append(
-            (f"email via {settings.email.smtp_host}:{settings.email.smtp_port}", email_url(settings.email))
-        )
     return found
-
-
-def webhook_url(url: str, run_name: str, kind: str) -> str:
-    """A `webhook:` http(s) URL as apprise's: the service's own when apprise knows the URL
-    (hooks.slack.com ...), else its JSON POST with "text", "run", "event" and "host"."""
-    if apprise_knows(url):
-        return url
-    parts = urllib.parse.urlsplit(url)
-    extras = urllib.parse.urlencode(
-        {
-            ":message": "text",
-            ":run": run_name,
-            ":event": kind,
-            ":severity": str(severity_of(kind)),
-            ":host": socket.gethostname(),
-        }  # fmt: skip
-    )
-    query = f"{parts.query}&{extras}" if parts.query else extras
-    scheme = "jsons" if parts.scheme == "https" else "json"
-    return urllib.parse.urlunsplit((scheme, parts.netloc, parts.path or "/", query, ""))
 
 
 def notify(
@@ -98,7 +59,7 @@ def notify(
     title = " ".join(f"[{run_name}] {kind}: {message}".split())[:160]  # one line: an e-mail subject
     body = "\n".join([message, *(f"{key}: {value}" for key, value in (details or {}).items())])
     problems = []
-    for label, url in destinations(settings, run_name, kind):
+    for label, url in destinations(settings, kind):
         why = _send(url, title, body, kind, settings.timeout_seconds)
         if why:
             problems.append(f"{label}: {why}")

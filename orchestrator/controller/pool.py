@@ -32,7 +32,7 @@ from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, PoolStatus
 from orchestrator.slurm.base import NodeInfo
 
-from .actions import Action, ChangeState, Notify, Record, ReleaseExclusions
+from .actions import Action, ChangeState, Record, ReleaseExclusions, alert
 from .recovery import Incident
 
 
@@ -154,10 +154,7 @@ def judge(
     if not was.short:
         details = dict(usable=usable, needed=nodes, pool=len(pool), excluded=excluded, down=down,
                        drained=drained, reserved=reserved, policy=policy)  # fmt: skip
-        actions += [
-            Record(pev.PoolShort(**details, message=message)),
-            Notify(Notice.POOL, f"CRITICAL: {message}", details),
-        ]
+        actions += alert(pev.PoolShort(**details, message=message), Notice.POOL)
     return actions + ([ChangeState(pool=summary)] if summary != state.pool else [])
 
 
@@ -181,11 +178,10 @@ def last_incident(exclusions: dict[str, Exclusion]) -> set[str]:
 
 
 def _spares_changed(usable: int, nodes: int, spares: int, spares_next: int) -> list[Action]:
-    event = pev.SparesForNextJob(usable=usable, nodes=nodes, spares=spares, spares_next=spares_next)
-    return [
-        Record(event),
-        Notify(Notice.SPARES, _spares_sentence(usable, nodes, spares, spares_next), event.details()),
-    ]
+    return alert(
+        pev.SparesForNextJob(usable=usable, nodes=nodes, spares=spares, spares_next=spares_next),
+        Notice.SPARES,
+    )
 
 
 def _spares_sentence(usable: int, nodes: int, spares: int, spares_next: int) -> str:

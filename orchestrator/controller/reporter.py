@@ -34,5 +34,5 @@ class Reporter:
         for problem in problems:
             log.warning("notification failed: %s", problem)
             self.emit(ev.NotificationFailed(kind=kind, problem=problem))
-        if not problems and kind in (settings.events or []) and destinations(settings, self.cfg.name, kind):
+        if not problems and kind in (settings.events or []) and destinations(settings, kind):
             self.emit(ev.Notified(kind=kind))

@@ -45,7 +45,7 @@ from orchestrator.contract import Heartbeat, Phase
 from orchestrator.contract import failure_events as fev
 from orchestrator.contract.causes import RESPONSES, Cause
 
-from .actions import Action, ChangeState, Exclude, Notify, Record
+from .actions import Action, ChangeState, Exclude, Record, alert
 from .pass_view import JobView
 
 MIN_PEERS = 3
@@ -284,20 +284,8 @@ class StragglerWatch:
             if change.kind == "straggler_recovered":
                 actions.append(Record(fev.StragglerRecovered(**fields)))
                 continue
-            message = (
-                f"node {change.node} is a straggler: compute time {change.details['score']}x "
-                f"(threshold {self.scorer.threshold}) for {change.details['slow_for_seconds']:.0f} s, "  # not a beat or event: the scorer's round details
-                f"job {job.job_id} step {change.details['step']}; every rank waits for it. "
-                + (
-                    "It will be excluded from the next job."
-                    if self.watchdog.straggler_exclude
-                    else "If it stays slow, have it drained (docs/oncall.md, Stragglers)."
-                )
-            )
-            actions += [
-                Record(fev.Straggler(**fields)),
-                Notify(RESPONSES[Cause.STRAGGLER].notice, message, fields),
-            ]
+            slow = fev.Straggler(**fields, excluded_next=bool(self.watchdog.straggler_exclude))
+            actions += alert(slow, RESPONSES[Cause.STRAGGLER].notice)
             if self.watchdog.straggler_exclude:
                 actions.append(self._exclusion(change, job.job_id, flagged))
         return actions

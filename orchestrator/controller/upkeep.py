@@ -15,27 +15,17 @@ from orchestrator.contract.manifest import DamageReport
 from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, RunStatus
 
-from .actions import Action, ChangeState, FollowRecovery, Notify, Record, SetStatus
+from .actions import Action, ChangeState, FollowRecovery, Record, SetStatus, alert
 from .detection import Assessment
 
 
 def trust_lost(job_ids: list[str], problems: list[str]) -> list[Action]:
     """Files the controller trusts became writable by others during the run (found when a new job
-    folder appeared): an event and a page, and supervision goes on (stopping would leave the run
+    folder appeared): an event and its notification, and supervision goes on (stopping would leave the run
     unsupervised; what the controller reads from there is read as untrusted anyway)."""
     if not problems:
         return []
-    where = ", ".join(job_ids)
-    return [
-        Record(ev.TrustProblem(job_ids=list(job_ids), problems=list(problems))),
-        Notify(
-            Notice.FAILURE,
-            f"files the controller trusts are writable by others (seen when job folder(s) {where} appeared): "
-            + "; ".join(problems[:3])
-            + ("" if len(problems) <= 3 else f"; and {len(problems) - 3} more (runctl events)"),
-            {"job_ids": list(job_ids), "problems": list(problems)},
-        ),
-    ]
+    return alert(ev.TrustProblem(job_ids=list(job_ids), problems=list(problems)), Notice.FAILURE)
 
 
 def follow_recovery(state: ControllerState, assessment: Assessment, wall_now: float) -> list[Action]:
@@ -130,22 +120,14 @@ def damage_reports(reports: list[DamageReport], seen: int) -> list[Action]:
     actions: list[Action] = []
     for report in reports[seen:]:
         problem = "; ".join(report.problems[:3]) or "damaged"
-        actions += [
-            Record(
-                ev.CheckpointCorrupt(
-                    step=step_of(report.checkpoint),
-                    path=report.checkpoint,
-                    problem=problem,
-                    reported_by_job=report.job_id,
-                    action="skipped by the ranks (kept on disk for inspection)",
-                )
-            ),
-            Notify(
-                Notice.FAILURE,
-                f"checkpoint {report.checkpoint} is damaged ({problem}); the ranks resumed from an older one",
-                {"checkpoint": report.checkpoint},
-            ),
-        ]
+        damaged = ev.CheckpointCorrupt(
+            step=step_of(report.checkpoint),
+            path=report.checkpoint,
+            problem=problem,
+            reported_by_job=report.job_id,
+            action="skipped by the ranks, who resumed from an older one (kept on disk for inspection)",
+        )
+        actions += alert(damaged, Notice.FAILURE)
     if len(reports) > seen:
         actions.append(ChangeState(damage_reports_seen=len(reports)))
     return actions
@@ -156,26 +138,16 @@ def disk_level(check: DiskCheck, current: str, paused: bool = False) -> list[Act
     is paused on a full disk the pause's notification has said it."""
     if check.level == current or check.level == "unknown":
         return []
-    actions: list[Action] = [
-        Record(
-            ev.Disk(
-                level=check.level,
-                free_bytes=check.free_bytes,
-                expected_bytes=check.expected_bytes,
-                message=check.message(),
-            )
-        ),
-        ChangeState(disk_level=check.level),
-    ]
+    event = ev.Disk(
+        level=check.level,
+        free_bytes=check.free_bytes,
+        expected_bytes=check.expected_bytes,
+        message=check.message(),
+    )
+    said = [Record(event)]
     if check.level in ("warning", "critical") and not paused:
-        actions.append(
-            Notify(
-                Notice.DISK if check.level == "critical" else Notice.DISK_LOW,
-                f"disk {check.level}: {check.message()}",
-                {"free_bytes": check.free_bytes},
-            )
-        )
-    return actions
+        said = alert(event, Notice.DISK if check.level == "critical" else Notice.DISK_LOW)
+    return [*said, ChangeState(disk_level=check.level)]
 
 
 def status_after_pass(state: ControllerState) -> list[Action]:

@@ -60,7 +60,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: str | os.PathLike[str]) -> RunPaths
     for folder in (paths.jobs, paths.heartbeats, paths.checkpoints, paths.metrics.parent):
         make_dirs(folder, RUN_FOLDER_MODE)  # made, then chmodded: the caller's umask plays no part
     if not paths.config.exists():
-        atomic_write_text(paths.config, text, mode=SECRET_FILE_MODE)  # cluster.env, the webhook URL
+        atomic_write_text(paths.config, text, mode=SECRET_FILE_MODE)  # cluster.env, the notification URLs
     # control/, accepted/, the root and run.yaml get the modes of the threat model (docs/security.md);
     # the controller reports any warning (e.g. no operators' group) when it starts.
     prepare_permissions(paths, cfg.operators)

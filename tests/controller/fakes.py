@@ -34,7 +34,7 @@ def make_config(**overrides: Any):
         max_restarts_without_progress=3,
     )
     data["operators"] = {"group": None, "users": []}
-    data["notifications"] = {"webhook": None, "email": None}
+    data["notifications"] = {}
     for section, values in overrides.items():
         if isinstance(values, dict) and isinstance(data.get(section), dict):
             data[section].update(values)
@@ -214,6 +214,10 @@ def supervise(controller: Any, seconds: float = 30.0, until=None) -> str:
 
 # Local servers for notifications --------------------------------------------------------------
 class WebhookServer:
+    """A local receiver of apprise's JSON POSTs: `url` is the apprise URL (json://) for the
+    config's `page`, `chat` or `urls`; each POST is {"title": "[run] kind: ...", "message": the
+    text and the details' lines, "type": apprise's notify type, "version", "attachments"}."""
+
     def __init__(self):
         self.received: list[dict] = []
         received = self.received
@@ -231,7 +235,7 @@ class WebhookServer:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.url = f"json://127.0.0.1:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
@@ -239,7 +243,12 @@ class WebhookServer:
         self.server.server_close()
 
     def kinds(self) -> list[str]:
-        return [r["event"] for r in self.received]
+        return [kind_of(r) for r in self.received]
+
+
+def kind_of(post: dict) -> str:
+    """The notification kind of a received POST, from its title `[run] kind: message`."""
+    return post["title"].split("] ", 1)[1].split(":", 1)[0]
 
 
 class SMTPServer:

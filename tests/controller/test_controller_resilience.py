@@ -145,7 +145,7 @@ def test_a_full_disk_is_notified_and_the_controller_keeps_supervising(small_file
     hook = WebhookServer()
     try:
         scheduler, clock = ScriptedScheduler(), Clock()
-        ctl = controller_in(small_filesystem / "run", scheduler, clock, notifications={"webhook": hook.url})
+        ctl = controller_in(small_filesystem / "run", scheduler, clock, notifications={"urls": [hook.url]})
         ctl.start()
         beats(ctl.paths, "100", 0)
         ctl.tick()
@@ -163,7 +163,7 @@ def test_a_full_disk_is_notified_and_the_controller_keeps_supervising(small_file
             except OSError:
                 pass
             ctl.safe_tick()  # never raises: whatever failed is notified and retried next pass
-        said = " | ".join(r.get("text", "") for r in hook.received)  # apprise JSON: the message is "text"
+        said = " | ".join(r.get("message", "") for r in hook.received)  # apprise's JSON POST
         assert "No space left on device" in said, said
         filler.unlink()
         for seq in range(10, 13):

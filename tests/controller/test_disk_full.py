@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from fake_trainer import loss_at
-from fakes import WebhookServer, supervise
+from fakes import WebhookServer, kind_of, supervise
 
 from orchestrator.cli.main import main as runctl
 from orchestrator.contract import JobState, Manifest, RunPaths, read_jsonl
@@ -150,7 +150,7 @@ def test_full_disk_pauses_with_the_filesystem_named_and_resumes_by_itself(run_en
     hook = WebhookServer()
     try:
         cfg, scheduler, ctl = run_env(
-            notifications={"webhook": hook.url, "events": ["failure", "hang", "restart", "disk", "finish"]},
+            notifications={"urls": [hook.url], "events": ["failure", "hang", "restart", "disk", "finish"]},
             trainer_env={"FAKE_STEPS": "20", "FAKE_CKPT_EVERY": "5", "FAKE_STEP_SECONDS": "0.1"},
         )
         # Room for the planner's estimate of the demo model's checkpoint (~6.5 MB): no warning at first.
@@ -174,7 +174,7 @@ def test_full_disk_pauses_with_the_filesystem_named_and_resumes_by_itself(run_en
         assert excluded_nodes(paths) == [], "ENOSPC is not a node fault"
         (paused,) = [e for e in event_dicts(paths) if e["event"] == "disk_full_paused"]
         assert paused["mount"] == str(mount) and paused["free_bytes"] < paused["needed_bytes"]
-        disk_notes = [r for r in hook.received if r["event"] == "disk" and "paused" in r["text"]]
+        disk_notes = [r for r in hook.received if kind_of(r) == "disk" and "paused" in r["message"]]
         assert len(disk_notes) == 1 and "failure" not in hook.kinds(), hook.received
 
         capsys.readouterr()

@@ -54,7 +54,7 @@ def e2e_config(
     data["checkpoint"].update(interval_steps=4, **(checkpoint or {}))
     data["watchdog"].update(heartbeat_seconds=0.5, poll_seconds=0.5, dead_after_seconds=8, step_timeout_seconds=20)
     data["operators"] = operators or {"group": None, "users": []}
-    data["notifications"] = {"webhook": None, "email": None, **(notifications or {})}
+    data["notifications"] = {**(notifications or {})}
     return resolve_paths(parse_config(data, source="e2e"), REPO / "configs")
 
 

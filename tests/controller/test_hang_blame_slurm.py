@@ -79,7 +79,7 @@ def demo_config(spare_nodes: int = 0, notifications: dict | None = None):
         progress_factor=3.0, progress_cap_seconds=90.0,
     )  # fmt: skip
     data["operators"] = {"group": None, "users": []}
-    data["notifications"] = {"webhook": None, "email": None, **(notifications or {})}
+    data["notifications"] = {**(notifications or {})}
     return resolve_paths(parse_config(data, source="hang-blame-slurm"), REPO / "configs")
 
 
@@ -138,8 +138,7 @@ def test_a_frozen_node_is_asked_found_stopped_dead_at_dead_after_and_training_go
     from orchestrator.slurm.real import SlurmScheduler
 
     pager, chat = WebhookServer(), WebhookServer()
-    json_url = lambda server: server.url.replace("http://", "json://")  # noqa: E731
-    cfg = demo_config(spare_nodes=1, notifications={"page": [json_url(pager)], "chat": [json_url(chat)]})
+    cfg = demo_config(spare_nodes=1, notifications={"page": [pager.url], "chat": [chat.url]})
     root = Path(tempfile.mkdtemp(prefix="rc-probe-", dir="/tmp"))
     env = {**five_nodes.slurm_env(), "TRAINER_TENSORBOARD": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "TRAINER_MAX_STEPS": str(STEPS), "TRAINER_FAULT": "slowsave@step4",

@@ -64,7 +64,7 @@ def hang_config(global_batch: int = 8):
         progress_factor=FACTOR, progress_cap_seconds=INIT_FLOOR,
     )
     data["operators"] = {"group": None, "users": []}
-    data["notifications"] = {"webhook": None, "email": None}
+    data["notifications"] = {}
     return resolve_paths(parse_config(data, source="hang-slurm"), REPO / "configs")
 
 

@@ -16,7 +16,7 @@ import sys
 import time
 
 import pytest
-from fakes import REPO, FakeScheduler, WebhookServer, fake_submitter, supervise
+from fakes import REPO, FakeScheduler, WebhookServer, fake_submitter, kind_of, supervise
 from test_health_slurm import health_config
 
 from orchestrator.cli.main import main
@@ -78,8 +78,8 @@ def test_with_policy_notify_a_spike_is_only_notified(notify_run):
     ]
     acted = {"kill_requested", "health_pause_requested", "rollback_planned", "rollback_refused", "rollback_started"}
     assert not [e["event"] for e in event_dicts(paths) if e["event"] in acted]
-    assert [r["event"] for r in notified] == ["health", "finish"]
-    assert "loss spike: loss" in notified[0]["text"] and "policy notify" in notified[0]["text"]
+    assert [kind_of(r) for r in notified] == ["health", "finish"]
+    assert "loss spike: loss" in notified[0]["message"] and "policy notify" in notified[0]["message"]
     assert [r["step"] for r in read_jsonl(paths.metrics)] == list(range(1, STEPS + 1)), "every step once"
     assert not paths.rollback_directive.exists() and not paths.accepted_request("kill").exists()
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fakes import REPO, WebhookServer
+from fakes import REPO, WebhookServer, kind_of
 from rollback_runs import drive, final_order, job_outputs, of_kind, sample_lines
 
 from orchestrator.cli.main import main
@@ -57,7 +57,7 @@ def health_config(webhook: str, **health):
         checkpoint={"interval_steps": 4, "keep_last": 20},
         watchdog={"heartbeat_seconds": 0.5, "poll_seconds": 0.5, "dead_after_seconds": 8, "step_timeout_seconds": 20},
         operators={"group": None, "users": []},
-        notifications={"webhook": webhook, "email": None},
+        notifications={"urls": [webhook]},
         health={"spike_window": 10, "grad_norm_window": 10, "spike_consecutive": 2, "rollback_margin_steps": 0,
                 "rollback_skip_margin_batches": 1, "rollback_budget": 2, **health},
     )
@@ -145,10 +145,10 @@ def test_a_spike_that_comes_back_stops_at_the_budget_and_notifies(scenario):
     assert refused["rollbacks_in_window"] == 2 and "budget" in refused["why"]
     stopped = [e for e in of_kind(paths, "run_stopped") if e["status"] == "paused_for_health"]
     assert len(stopped) == 1 and of_kind(paths, "health_pause_requested")
-    said = [r["text"] for r in scenario.notified if r.get("event") == "health"]
+    said = [r["message"] for r in scenario.notified if kind_of(r) == "health"]
     print("\n".join(said))
     assert any("no automatic rollback" in text and "budget" in text for text in said)
-    assert sum("rolling back to step" in text for text in said) == 2
+    assert sum("rollback planned" in text for text in said) == 2
     assert len(of_kind(paths, "rollback_applied")) >= 2
 
 

@@ -1,6 +1,6 @@
-"""Notifications through apprise against a local HTTP server and a local SMTP server: the config's
-`webhook` and `email` (kept from before apprise) and apprise `urls`; a failure is reported,
-never raised, and no part of a secret URL reaches the report or the process's logging."""
+"""Notifications through apprise against a local HTTP server and a local SMTP server (apprise's
+json:// and mailto:// URLs); a failure is reported, never raised, and no part of a secret URL
+reaches the report or the process's logging."""
 
 from __future__ import annotations
 
@@ -13,34 +13,34 @@ from orchestrator.controller.notify import notify
 from orchestrator.plan.config.notify_urls import unknown_urls
 
 
-def test_webhook_email_and_apprise_urls_delivered():
-    hook, other, smtp = WebhookServer(), WebhookServer(), SMTPServer()
+def mailto(port: int, sender: str, *to: str) -> str:
+    """An SMTP relay without login, as apprise's URL."""
+    return f"mailto://127.0.0.1:{port}?from={sender}&to={','.join(to)}&smtp=127.0.0.1"
+
+
+def test_json_and_mailto_urls_delivered():
+    hook, smtp = WebhookServer(), SMTPServer()
     try:
-        json_url = other.url.replace("http://", "json://")
-        cfg = make_config(notifications={"webhook": hook.url, "urls": [json_url], "email": {
-            "smtp_host": "127.0.0.1", "smtp_port": smtp.port, "sender": "runctl@cluster.org",
-            "to": ["oncall@team.org", "lead@team.org"]}})  # fmt: skip
+        cfg = make_config(notifications={"urls": [hook.url, mailto(smtp.port, "runctl@cluster.org", "oncall@team.org",
+                                                                  "lead@team.org")]})  # fmt: skip
         problems = notify(cfg.notifications, "demo", "hang", "job 12: hang of 4 rank(s)", {"job_id": "12"})
         assert problems == []
-        print(hook.received, other.received)
-        # the `webhook`: apprise's JSON POST, the message under "text" (Slack-style receivers), and
-        # the run, the event and the details as before
+        print(hook.received)
         sent = hook.received[0]
-        assert (sent["run"], sent["event"], sent["type"], sent["severity"]) == ("demo", "hang", "warning", "chat")
-        assert sent["text"] == "job 12: hang of 4 rank(s)\njob_id: 12"
-        assert other.received[0]["title"] == "[demo] hang: job 12: hang of 4 rank(s)"
+        assert (sent["title"], sent["type"]) == ("[demo] hang: job 12: hang of 4 rank(s)", "warning")
+        assert sent["message"] == "job 12: hang of 4 rank(s)\njob_id: 12"
         mail = smtp.messages[0]
         assert mail["from"] == "runctl@cluster.org" and sorted(mail["to"]) == ["lead@team.org", "oncall@team.org"]
         assert "Subject: [demo] hang: job 12" in mail["data"]
     finally:
-        for server in (hook, other, smtp):
+        for server in (hook, smtp):
             server.close()
 
 
 def test_events_filter():
     hook = WebhookServer()
     try:
-        cfg = make_config(notifications={"webhook": hook.url, "events": ["crash_loop"]})
+        cfg = make_config(notifications={"urls": [hook.url], "events": ["crash_loop"]})
         assert notify(cfg.notifications, "demo", "restart", "x") == []
         assert notify(cfg.notifications, "demo", "crash_loop", "y") == []
         assert hook.kinds() == ["crash_loop"]
@@ -54,16 +54,17 @@ def test_unreachable_servers_are_reported_redacted_not_raised_nor_logged(caplog)
         port = s.getsockname()[1]  # closed again: nothing listens there
     token = "T0KEN1234secret"
     cfg = make_config(notifications={
-        "webhook": f"http://127.0.0.1:{port}/hooks/{token}", "urls": [f"jsons://127.0.0.1:{port}/x/{token}"],
-        "timeout_seconds": 2, "email": {"smtp_host": "127.0.0.1", "smtp_port": port, "sender": "a@b.org", "to": ["c@d.org"]},
+        "urls": [f"jsons://127.0.0.1:{port}/x/{token}", f"json://127.0.0.1:{port}/hooks/{token}",
+                 mailto(port, "a@b.org", "c@d.org")],
+        "timeout_seconds": 2,
     })  # fmt: skip
     with caplog.at_level(logging.DEBUG):
         problems = notify(cfg.notifications, "demo", "failure", "boom")
     print(problems)
     assert len(problems) == 3
     assert problems[0].startswith(f"jsons://127.0.0.1:{port}/<redacted>: ")
-    assert problems[1].startswith(f"webhook http://127.0.0.1:{port}/<redacted>: ")
-    assert problems[2].startswith(f"email via 127.0.0.1:{port}: ")
+    assert problems[1].startswith(f"json://127.0.0.1:{port}/<redacted>: ")
+    assert problems[2].startswith(f"mailto://127.0.0.1:{port}/<redacted>: ")
     assert not any(token in p for p in problems), "a problem must not carry the URL's secret"
     assert not [r for r in caplog.records if token in r.getMessage()], "apprise's log must not reach ours"
 
@@ -72,8 +73,7 @@ def test_a_newline_in_a_message_still_sends_the_email():
     """A kill reason or srun's output with a newline once made EmailMessage raise on the header."""
     smtp = SMTPServer()
     try:
-        cfg = make_config(notifications={"email": {
-            "smtp_host": "127.0.0.1", "smtp_port": smtp.port, "sender": "runctl@cluster.org", "to": ["oncall@team.org"]}})
+        cfg = make_config(notifications={"urls": [mailto(smtp.port, "runctl@cluster.org", "oncall@team.org")]})
         problems = notify(cfg.notifications, "demo", "kill", "stopped: loss spike\nBcc: everyone@corp", {})
         assert problems == [] and len(smtp.messages) == 1
         headers = smtp.messages[0]["data"].split("\r\n\r\n", 1)[0].split("\n\n", 1)[0]
@@ -86,13 +86,13 @@ def test_a_newline_in_a_message_still_sends_the_email():
 def test_pre_flight_names_what_apprise_cannot_send_to():
     cfg = make_config(notifications={
         "urls": ["slack://T000/B000/XXXXXXXX", "slakc://T000/B000/XXXXXXXX"],
-        "email": {"sender": "ops@team", "to": ["oncall@team.org"]},
+        "page": [mailto(25, "ops@team", "oncall@team.org")],  # a sender without a dotted domain
     })  # fmt: skip
     problems = unknown_urls(cfg.notifications)
     print(problems)
     assert len(problems) == 2
-    assert problems[0].startswith("notifications.urls: slakc://<redacted> is not a URL apprise knows")
-    assert problems[1].startswith("notifications.email: apprise refuses sender 'ops@team'")
+    assert problems[0].startswith("notifications.page: mailto://127.0.0.1:25/<redacted> is not a URL apprise knows")
+    assert problems[1].startswith("notifications.urls: slakc://<redacted> is not a URL apprise knows")
     assert not any("XXXXXXXX" in p for p in problems)
 
 
@@ -122,9 +122,8 @@ def test_routing_by_severity_page_and_chat_each_get_their_own():
     reaches the pager (and chat, which sees pages), a finish neither; `urls` keeps getting all."""
     pager, chat, everything = WebhookServer(), WebhookServer(), WebhookServer()
     try:
-        as_json = lambda server: server.url.replace("http://", "json://")  # noqa: E731
         cfg = make_config(
-            notifications={"page": [as_json(pager)], "chat": [as_json(chat)], "urls": [as_json(everything)]}
+            notifications={"page": [pager.url], "chat": [chat.url], "urls": [everything.url]}
         )
         for kind in ("restart", "crash_loop", "finish"):
             assert notify(cfg.notifications, "demo", kind, f"{kind} happened") == []

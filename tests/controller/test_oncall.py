@@ -29,7 +29,7 @@ from tests.run_records import event_dicts
 
 @pytest.fixture
 def webhook():
-    """A real HTTP server that records what the notifications POST."""
+    """A real HTTP server that records what the notifications POST (an apprise json:// URL)."""
     received: list[dict] = []
 
     class Hook(BaseHTTPRequestHandler):
@@ -43,7 +43,7 @@ def webhook():
 
     server = HTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/hook", received
+    yield f"json://127.0.0.1:{server.server_port}/hook", received
     server.shutdown()
 
 
@@ -55,7 +55,7 @@ def _doctor(capsys, run_dir, state_dir, *extra):
 def test_doctor_pages_when_the_controller_stops_beating(run_env, webhook, monkeypatch, capsys, tmp_path):
     url, received = webhook
     cfg, scheduler, ctl = run_env(
-        trainer_env={"FAKE_STEPS": "400"}, notifications={"webhook": url, "events": ["failure", "doctor"]}
+        trainer_env={"FAKE_STEPS": "400"}, notifications={"urls": [url], "events": ["failure", "doctor"]}
     )
     monkeypatch.setattr("orchestrator.cli.watch_cmd.scheduler_for_run", lambda _run: scheduler)
     ctl.start()
@@ -75,7 +75,7 @@ def test_doctor_pages_when_the_controller_stops_beating(run_env, webhook, monkey
     print(stale)
     controller = stale["findings"][0]
     assert code == 1 and not controller["ok"] and "has not moved" in controller["message"]
-    assert len(received) == 1 and "stale" in received[0]["text"]  # apprise JSON: the message is "text"
+    assert len(received) == 1 and "stale" in received[0]["message"]  # apprise's JSON POST
     assert _doctor(capsys, ctl.paths.root, state_dir, "--stale-after", "1.0")[0] == 1
     assert len(received) == 1  # the same problem is not paged again from every cron run
     # The job disappears while the run should be training: a second problem, paged.

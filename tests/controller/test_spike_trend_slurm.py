@@ -54,7 +54,7 @@ def demo_config(corpus: Path, policy: str):
         checkpoint={"interval_steps": 10, "keep_last": 20},
         watchdog={"heartbeat_seconds": 0.5, "poll_seconds": 0.5, "dead_after_seconds": 8, "step_timeout_seconds": 20},
         operators={"group": None, "users": []},
-        notifications={"webhook": None, "email": None},
+        notifications={},
         health={"spike_window": 20, "spike_consecutive": 2, "rollback_margin_steps": 2,
                 "rollback_skip_margin_batches": 5, "policy": {"loss_spike": policy}},
     )

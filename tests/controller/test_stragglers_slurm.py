@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fakes import REPO, WebhookServer
+from fakes import REPO, WebhookServer, kind_of
 
 from orchestrator.cli.main import main
 from orchestrator.contract import read_heartbeats
@@ -46,7 +46,7 @@ def straggler_config(webhook_url: str):
     data["watchdog"].update(heartbeat_seconds=0.5, poll_seconds=0.5, dead_after_seconds=8, step_timeout_seconds=30,
                             straggler_threshold=1.2, straggler_seconds=3, straggler_exclude=True)  # fmt: skip
     data["operators"] = {"group": None, "users": []}
-    data["notifications"] = {"webhook": webhook_url, "email": None, "events": ["straggler"]}
+    data["notifications"] = {"urls": [webhook_url], "events": ["straggler"]}
     return resolve_paths(parse_config(data, source="stragglers-e2e"), REPO / "configs")
 
 
@@ -81,8 +81,8 @@ def test_slow_rank_flagged_with_event_notification_and_status(local_cluster, mon
         assert [e["node"] for e in flagged] == [slow_node], "the slow rank's node, once, and no healthy node"
         assert flagged[0]["score"] >= 1.2 and flagged[0]["slow_for_seconds"] >= 3
         assert flagged[0]["step"] >= 7, "slow from step 5, and a straggler needs 3 slow rounds: step 7 at the earliest"
-        notes = [r for r in hook.received if r["event"] == "straggler"]
-        assert len(notes) == 1 and f"node: {slow_node}" in notes[0]["text"], notes  # apprise's JSON, our body
+        notes = [r for r in hook.received if kind_of(r) == "straggler"]
+        assert len(notes) == 1 and f"node: {slow_node}" in notes[0]["message"], notes  # apprise's JSON, our body
         # straggler_exclude: on the run's exclude list (for the next restart or submission), with why.
         excluded = next(e for e in events if e["event"] == "nodes_excluded")
         assert excluded["nodes"] == [slow_node] and excluded["cause"] == "straggler"

@@ -112,7 +112,7 @@ def test_crash_loop_stops_and_notifies(run_env):
     hook = WebhookServer()
     try:
         cfg, scheduler, ctl = run_env(trainer_env={"FAKE_CRASH_AT": "3:1"},
-                                      notifications={"webhook": hook.url})
+                                      notifications={"urls": [hook.url]})
         ctl.start()
         assert supervise(ctl, seconds=60) == RunStatus.CRASH_LOOP
         paths = ctl.paths
@@ -211,7 +211,7 @@ def test_corrupt_newest_checkpoint_previous_used_and_reported(run_env):
 def test_disk_warning_from_planned_checkpoint_size(run_env):
     hook = WebhookServer()
     try:
-        cfg, scheduler, ctl = run_env(notifications={"webhook": hook.url})
+        cfg, scheduler, ctl = run_env(notifications={"urls": [hook.url]})
         ctl.start()
         ctl.memory.planned_bytes = 10**18  # an exabyte checkpoint: no disk has room
         ctl.tick()
@@ -258,7 +258,7 @@ def test_failed_notification_is_logged_not_fatal(run_env):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg, scheduler, ctl = run_env(notifications={"webhook": f"http://127.0.0.1:{port}/hook", "timeout_seconds": 1})
+    cfg, scheduler, ctl = run_env(notifications={"urls": [f"json://127.0.0.1:{port}/hook"], "timeout_seconds": 1})
     ctl.start()
     assert supervise(ctl) == RunStatus.FINISHED
     failed = events_named(ctl.paths, "notification_failed")

@@ -50,3 +50,33 @@ def test_every_alert_has_a_firing_and_a_quiet_case():
         runs = {s["series"].split('run="')[1].split('"')[0] for s in test["input_series"]}
         expected = {a["exp_labels"]["run"] for c in test["alert_rule_test"] for a in c["exp_alerts"]}
         assert runs - expected, f"{[c['alertname'] for c in test['alert_rule_test']]}: no run stays quiet"
+
+
+def _statuses(expr: str) -> set[str]:
+    import re
+
+    found = re.findall(r'runctl_run_status\{status(=~|=)"([^"]+)"\}', expr)
+    return {name for _, alternatives in found for name in alternatives.split("|")}
+
+
+def test_each_status_that_needs_a_person_has_its_rule():
+    """Each rule's status list is the contract's set it is about, so that a new status (or a
+    status moved between sets) fails here until the rules say who hears of it."""
+    import yaml
+
+    from orchestrator.contract.severity import NEEDS_A_PERSON
+    from orchestrator.contract.state import ACTIVE, STOPPED, STOPPING, RunStatus
+
+    rules = yaml.safe_load((RULES_DIR / "runctl-alerts.yml").read_text())
+    exprs = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+    names = lambda statuses: {s.value for s in statuses}  # noqa: E731
+    supervised = names(ACTIVE | STOPPING)
+    assert _statuses(exprs["RunctlControllerDown"]) == supervised
+    assert _statuses(exprs["RunctlControllerStalled"]) == supervised
+    assert _statuses(exprs["RunctlNoJob"]) == supervised - {RunStatus.DISK_FULL.value}
+    assert _statuses(exprs["RunctlRunStoppedOnItsOwn"]) == names(NEEDS_A_PERSON)
+    assert _statuses(exprs["RunctlPoolShort"]) == names(ACTIVE)
+    quiet = names(STOPPED - NEEDS_A_PERSON)
+    assert quiet == {"killed", "finished"}, "a stop nobody is paged for: killed (as asked) and finished"
+    covered = set().union(*(_statuses(e) for e in exprs.values()))
+    assert covered | quiet == names(RunStatus), f"statuses no rule covers: {names(RunStatus) - covered - quiet}"

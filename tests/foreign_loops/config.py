@@ -33,7 +33,7 @@ def loop_config(command: list[str], *, nodes: int = 2, gpus_per_node: int = 1, s
     data["watchdog"].update(heartbeat_seconds=0.5, poll_seconds=0.5, dead_after_seconds=6, step_timeout_seconds=20,
                             **(watchdog or {}))
     data["operators"] = operators or {"group": None, "users": []}
-    data["notifications"] = {"webhook": None, "email": None}
+    data["notifications"] = {}
     return resolve_paths(parse_config(data, source="foreign-loop"), REPO / "configs")
 
 

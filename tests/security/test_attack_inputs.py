@@ -1,4 +1,4 @@
-"""Terminals, the webhook URL and smaller holes, through the real entry
+"""Terminals, the notification URLs and smaller holes, through the real entry
 points: `runctl events --audit`, `runctl nodes`, the live view, notify, render_sbatch,
 verify_manifest, load_config, the exclude list and `runctl cluster up`."""
 
@@ -119,12 +119,12 @@ def test_rich_markup_in_a_reason_does_not_break_the_live_view(tmp_path):
     assert not any(ch in shown for ch in "\x1b\x07\x9b")
 
 
-def test_webhook_url_is_redacted_when_a_post_fails():
+def test_notification_url_is_redacted_when_a_post_fails():
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    url = f"http://hookuser:PASSWORD@127.0.0.1:{port}/services/T0SECRET/B0TOKEN?key=QSECRET"
-    settings = make_config(notifications={"webhook": url, "timeout_seconds": 1}).notifications
+    url = f"json://hookuser:PASSWORD@127.0.0.1:{port}/services/T0SECRET/B0TOKEN?key=QSECRET"
+    settings = make_config(notifications={"urls": [url], "timeout_seconds": 1}).notifications
     problems = notify(settings, "run", "failure", "boom")
     assert problems and f"127.0.0.1:{port}" in problems[0], problems
     for secret in ("T0SECRET", "B0TOKEN", "QSECRET", "PASSWORD", "hookuser"):

@@ -121,7 +121,7 @@ def test_an_open_job_folder_is_reported_and_what_is_planted_there_never_followed
 ):
     """Hole 3: the trust check ran only at start; a FIFO planted in a job folder hung the
     controller, a planted link was followed."""
-    paths = shared_run(team_dir=True, notifications={"webhook": webhook.url, "events": ["failure"]})
+    paths = shared_run(team_dir=True, notifications={"urls": [webhook.url], "events": ["failure"]})
     project_tree(team, paths)
     job_id = submit_as_owner(team, paths, folder=False)  # its folder appears when it starts
     controller = owner_controller(team, paths)  # started: everything is the owner's so far

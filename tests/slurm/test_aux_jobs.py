@@ -84,7 +84,7 @@ def test_preprocess_runs_as_a_slurm_job_on_the_runs_partition_and_account(aux_pa
     data["cluster"].update(python=sys.executable, partition=AUX_PARTITION, account="bloom-aux", cpus_per_task=1)
     canary = tmp_path / "injected"  # cluster.env reaches submitit's script as `export` lines
     data["cluster"]["env"]["AUX_CANARY"] = f"$(touch {canary}); `touch {canary}`'; touch {canary}; '"
-    data["notifications"] = {"webhook": None, "email": None}
+    data["notifications"] = {}
     cfg = resolve_paths(parse_config(data, source="aux-test"), REPO / "configs")
     run_dir = prepare_run_dir(cfg, tmp_path / "run").root
     good = tmp_path / "docs.jsonl.gz"
@@ -141,7 +141,7 @@ def test_a_job_that_dies_without_a_result_is_reported_failed(slurm_on_path, tmp_
     monkeypatch.setattr(orchestrator.operate.auxjobs, "RESULT_GRACE_SECONDS", 2.0)
     data = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
     data["cluster"].update(python="/nonexistent/bin/python3", cpus_per_task=1)
-    data["notifications"] = {"webhook": None, "email": None}
+    data["notifications"] = {}
     run_dir = prepare_run_dir(parse_config(data, source="aux-test"), tmp_path / "run").root
     code, out, err = _run(capsys, "eval", str(run_dir), "--step", "1")
     assert code == EXIT_FAILURE, out + err
@@ -219,7 +219,7 @@ def test_only_the_runs_owner_may_run_aux_jobs(tmp_path, capsys, monkeypatch):
     from orchestrator.operate.runs import prepare_run_dir
 
     data = yaml.safe_load((REPO / "configs" / "demo-cpu-4node.yaml").read_text())
-    data["notifications"] = {"webhook": None, "email": None}
+    data["notifications"] = {}
     run_dir = prepare_run_dir(parse_config(data, source="aux-test"), tmp_path / "run").root
     monkeypatch.setattr("os.geteuid", lambda: run_dir.stat().st_uid + 4242)
     code, out, err = _run(capsys, "eval", str(run_dir), "--local")

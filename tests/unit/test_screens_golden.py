@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.main import main
-from tests.screens_run import NOW, REPO, build_run, events, hold_controller_lock
+from tests.screens_run import NOW, REPO, build_run, build_variants, events, hold_controller_lock
 
 GOLDEN = REPO / "tests" / "golden" / "screens"
 PLACEHOLDER = "/tmp/screens-XXXXXXXX"
@@ -40,6 +40,7 @@ def run():
         patch.setattr(time, "time", lambda: NOW)
         paths = build_run(root)
         lock = hold_controller_lock(paths)
+        build_variants(paths)
     yield paths
     os.close(lock)
     shutil.rmtree(root)
@@ -56,12 +57,17 @@ def screen(run, monkeypatch, capsys):
     for name in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         monkeypatch.delenv(name, raising=False)
 
-    def show(width: int, *argv: str) -> str:
+    def show(width: int, *argv: str, exit_code: int = 0) -> str:
+        """stdout of a command that succeeds; stderr of one that exits `exit_code` (a refusal)."""
         monkeypatch.setenv("COLUMNS", str(width))
         capsys.readouterr()
-        assert main(list(argv)) == 0
+        assert main(list(argv)) == exit_code
         out, err = capsys.readouterr()
-        assert err == "", err
+        if exit_code == 0:
+            assert err == "", err
+        else:
+            assert out == "", out
+            out = err
         text = out.replace(str(run.root.parent), PLACEHOLDER)
         return "".join(line.rstrip() + "\n" for line in text.splitlines())
 
@@ -126,20 +132,47 @@ def test_report(screen, run, width, tmp_path):
     matches_recorded("report.txt", text)
 
 
-def test_a_stopped_run_says_why_on_its_top_line():
-    """A kill reads as killed, with its reason, on the line people read first (not only in events)."""
-    from orchestrator.views.status_screen import _header
+def test_a_killed_run_says_why_on_its_top_line_and_shows_squeue_failing_as_lines(screen, run, monkeypatch):
+    """The kill reads as killed, with its reason, on the line people read first, and job 1001
+    (exit 17, FAILED to SLURM) as killed; squeue's stdout and stderr are lines of the warning."""
+    monkeypatch.setenv("RUNCTL_SCHEDULER", "slurm")
+    monkeypatch.setenv("PATH", f"{run.root.parent / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    text = screen(80, "status", str(run.root.parent / "killed"))
+    print(text)
+    fits(text, 80)
+    lines = text.splitlines()
+    assert lines[0].startswith("tr11-176B-ml  KILLED: run stopped by the kill switch: maintenance window")
+    assert [line.split()[2] for line in lines if line.startswith("1001 ")] == ["killed"]
+    assert "\\n" not in text and any(line.strip(" │").startswith("stderr: slurm_load_jobs error") for line in lines)
+    matches_recorded("status-killed-80.txt", text)
 
-    data = {"name": "tr11", "run_dir": "/runs/tr11", "dashboard": {
-        "status": "killed", "restarts": 1, "controller": None, "last_pass_age": None,
-        "stop_message": "run stopped by the kill switch: maintenance window (by oncall)"}}  # fmt: skip
-    title = _header(data)[0].plain
-    assert title == "tr11  KILLED: run stopped by the kill switch: maintenance window (by oncall)  restarts so far: 1"
+
+def test_a_run_submitted_but_never_supervised(screen, run, monkeypatch):
+    """`ls` counts the jobs `status` lists (a queued job nobody supervised yet is live), and the
+    heartbeats are shown as their job's before any controller has seen it."""
+    listing = screen(120, "ls", str(run.root.parent))
+    print(listing)
+    rows = {line.split()[-1]: line for line in listing.splitlines()[1:]}
+    assert "1 live / 1" in rows[f"{PLACEHOLDER}/queued"] and "2 live / 3" in rows[f"{PLACEHOLDER}/run"]
+    matches_recorded("ls.txt", listing)
+    monkeypatch.setenv("RUNCTL_MOCK_SLURM_DIR", str(run.root.parent / "mock-queued"))  # job 1001 runs
+    text = screen(80, "status", str(run.root.parent / "queued"))
+    print(text)
+    assert "heartbeats (job 1001)" in text and "job -" not in text and "is not running" not in text
+    matches_recorded("status-queued-80.txt", text)
+
+
+def test_plan_refuses_a_layout_with_one_sentence_per_problem(screen, run):
+    """tp: 3 on BLOOM's 48 x 8 GPUs: the layout, heads, MLP and vocabulary each said once, the
+    job's size named once."""
+    text = screen(80, "plan", str(run.root.parent / "tp3.yaml"), exit_code=2)
+    print(text)
+    assert "tp*pp*dp = 3*12*8 = 288, but the job has 48 nodes x 8 GPUs = 384\n" in text
+    matches_recorded("plan-refused.txt", text)
 
 
 def test_a_warning_of_several_lines_shows_them_as_lines():
-    """squeue's stdout and stderr in a warning: real lines on the screen, not a literal \\n; a
-    control character inside a line is still made inert."""
+    """A control character inside a line of a warning of several lines is still made inert."""
     from rich.console import Console
 
     from orchestrator.views.status_screen import _warnings

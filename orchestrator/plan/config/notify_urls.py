@@ -19,12 +19,6 @@ SERVER_SCHEMES = ("http", "https", "json", "jsons", "mailto", "mailtos", "xml", 
 URL_LISTS = ("page", "chat", "urls")
 
 
-def email_url(email: Any) -> str:
-    """The `email:` section (an SMTP relay without login) as apprise's mailto:// URL."""
-    query = urllib.parse.urlencode({"from": email.sender, "to": ",".join(email.to), "smtp": email.smtp_host})
-    return f"mailto://{email.smtp_host}:{email.smtp_port}?{query}"
-
-
 @contextlib.contextmanager
 def apprise_quiet() -> Iterator[None]:
     """Nothing apprise logs reaches the process's handlers (its messages may hold a URL); what a
@@ -56,12 +50,6 @@ def unknown_urls(settings: Any, run_name: str = "run") -> list[str]:
         for url in getattr(settings, key, None) or []
         if not apprise_knows(url)
     ]
-    if settings.email is not None and not apprise_knows(email_url(settings.email)):
-        problems.append(
-            f"notifications.email: apprise refuses sender {settings.email.sender!r} or recipients "
-            f"{list(settings.email.to)!r}: give full addresses (name@example.org; only localhost may go "
-            "without a dotted domain)"
-        )
     return problems
 
 

@@ -113,8 +113,6 @@ def cross_field_problems(cfg: RunConfig) -> list[str]:
             "model.kernels = triton needs cluster.accelerator = cuda (or use auto/reference on CPU)"
         )
 
-    if cfg.notifications.events and cfg.notifications.webhook is None and cfg.notifications.email is None:
-        pass  # events without a channel are fine: the events still go to events.jsonl
     problems += signal_problems(c.pre_timeout_signal)
     return problems
 

@@ -553,13 +553,6 @@ class OperatorsConfig(Section):
     users: list[SafeWord] = []
 
 
-class EmailConfig(Section):
-    smtp_host: SafeWord = "localhost"
-    smtp_port: Annotated[int, Field(gt=0, lt=65536)] = 25
-    sender: Annotated[str, StringConstraints(pattern=r"^[^\s@]+@[^\s@]+$")]
-    to: list[Annotated[str, StringConstraints(pattern=r"^[^\s@]+@[^\s@]+$")]] = Field(min_length=1)
-
-
 AppriseUrl = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9+.\-]*://\S+$", max_length=2048)]
 
 
@@ -573,10 +566,6 @@ class NotificationsConfig(Section):
     page: list[AppriseUrl] = []
     # Chat and pages: what the controller handled (failures restarted, hangs, stragglers) too.
     chat: list[AppriseUrl] = []
-    # A plain http(s) hook (every notification): sent to the service apprise recognises in it,
-    # else as apprise's JSON POST with the message under "text".
-    webhook: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
-    email: EmailConfig | None = None  # every notification
     # The kinds sent at all; each kind's severity decides where it goes.
     events: list[Literal[NOTIFICATION_KINDS]] = list(NOTIFICATION_KINDS)  # type: ignore[valid-type]
     timeout_seconds: Seconds = 10.0

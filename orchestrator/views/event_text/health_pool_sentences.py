@@ -105,6 +105,8 @@ def _(e: pev.ProbationEnded) -> str:
 
 @says(pev.PoolShort)
 def _(e: pev.PoolShort) -> str:
+    if e.message:  # the controller's own account: the counts, the nodes by reason and the advice
+        return f"CRITICAL: the node pool is short for the next job (policy {e.policy}): {e.message}"
     return (
         f"CRITICAL: the node pool is short, {_n(e.usable)} usable of the {_n(e.needed)} the next job needs (of {_n(e.pool)}; "
         f"excluded {_nodes(e.excluded)}, down {_nodes(e.down)}, drained {_nodes(e.drained)}, reserved "

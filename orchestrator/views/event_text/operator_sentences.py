@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from orchestrator.contract import events as ev
-from orchestrator.contract.causes import cause_words
+from orchestrator.views.event_text.disk_words import pause_words
 from orchestrator.views.event_text.registry import says
 from orchestrator.views.event_text.words import _by, _n, _reason, _step, duration, size
+
+# A sentence is one line of a screen and a notification's text: the rest stays in the record.
+TRUST_PROBLEMS_SHOWN = 3
 
 
 # -- checkpoints and disk ---------------------------------------------------------------------------
@@ -29,14 +32,7 @@ def _(e: ev.Disk) -> str:
 
 @says(ev.DiskFullPaused)
 def _(e: ev.DiskFullPaused) -> str:
-    seen = f" after {cause_words(e.cause)} in job {e.job_id}" if e.job_id else ""
-    paths = [str(item["path"]) for item in e.to_delete if isinstance(item, dict) and item.get("path")]
-    more = " and more" if len(paths) > 3 else ""
-    advice = f"; to make room delete {', '.join(paths[:3])}{more}" if paths else ""
-    return (
-        f"run paused{seen}: {e.mount} has {size(e.free_bytes)} free, the next checkpoint needs "
-        f"{size(e.needed_bytes)}; nothing restarted, no node blamed{advice}; resumes by itself"
-    )
+    return pause_words(e.mount, e.free_bytes, e.needed_bytes, e.job_id, e.cause, e.to_delete)
 
 
 @says(ev.DiskFullResumed)
@@ -90,7 +86,11 @@ def _(e: ev.NodesClearFailed) -> str:
 @says(ev.TrustProblem)
 def _(e: ev.TrustProblem) -> str:
     where = f" (seen when job {', '.join(e.job_ids)} appeared)" if e.job_ids else ""
-    return f"a file the controller trusts is writable by others{where}: {'; '.join(e.problems)}"
+    more = len(e.problems) - TRUST_PROBLEMS_SHOWN
+    listed = "; ".join(e.problems[:TRUST_PROBLEMS_SHOWN]) + (
+        f"; and {more} more (events.jsonl)" if more > 0 else ""
+    )
+    return f"a file the controller trusts is writable by others{where}: {listed}"
 
 
 @says(ev.KillRequested)

@@ -298,8 +298,19 @@ def _(e: fev.Straggler) -> str:
     threshold = f"{e.threshold:g}x" if e.threshold is not None else "?"
     return (
         f"{e.node} is a straggler in job {e.job_id}: compute time {_score(e)} its peers' or its own "
-        f"usual (threshold {threshold}) for {duration(e.slow_for_seconds)}"
+        f"usual (threshold {threshold}) for {duration(e.slow_for_seconds)}{_straggler_advice(e.excluded_next)}"
     )
+
+
+def _straggler_advice(excluded_next: bool | None) -> str:
+    if excluded_next is None:
+        return ""
+    then = (
+        "it will be left out of the next job"
+        if excluded_next
+        else "if it stays slow, have it drained (docs/oncall.md, Stragglers)"
+    )
+    return f"; every rank waits for it: {then}"
 
 
 @says(fev.StragglerRecovered)
