@@ -11,8 +11,12 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import EXIT_OK, SchedulerError, UsageError
+
+if TYPE_CHECKING:
+    from orchestrator.views.status_view import StatusView
 
 FOLLOW_SECONDS = 5.0  # one squeue and one read of the run directory per redraw
 
@@ -40,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status.set_defaults(func=run_status)
 
 
-def gather(run_dir: Path) -> dict:
+def gather(run_dir: Path) -> StatusView:
     """status_data with the scheduler when it can be asked; when not, why (the screen says so)."""
     from orchestrator.slurm import get_scheduler  # noqa: PLC0415
     from orchestrator.views.dashboard import status_data  # noqa: PLC0415
@@ -65,7 +69,7 @@ def run_status(args: argparse.Namespace) -> int:
     if args.every < 0.5:
         raise UsageError(f"--every {args.every}: give 0.5 seconds or more")
     if args.json:
-        print(json.dumps(gather(run_dir), indent=2, default=str))
+        print(json.dumps(gather(run_dir).to_json(), indent=2, default=str))
         return EXIT_OK
     from rich.console import Console  # noqa: PLC0415
 

@@ -25,6 +25,7 @@ import pytest
 
 from orchestrator.cli.main import main
 from tests.screens_run import NOW, REPO, build_run, events, hold_controller_lock
+from tests.status_views import job_row, status_view
 
 GOLDEN = REPO / "tests" / "golden" / "screens"
 PLACEHOLDER = "/tmp/screens-XXXXXXXX"
@@ -130,9 +131,8 @@ def test_a_stopped_run_says_why_on_its_top_line():
     """A kill reads as killed, with its reason, on the line people read first (not only in events)."""
     from orchestrator.views.status_screen import _header
 
-    data = {"name": "tr11", "run_dir": "/runs/tr11", "dashboard": {
-        "status": "killed", "restarts": 1, "controller": None, "last_pass_age": None,
-        "stop_message": "run stopped by the kill switch: maintenance window (by oncall)"}}  # fmt: skip
+    data = status_view(name="tr11", run_dir="/runs/tr11", status="killed", restarts=1, controller=None,
+                       stop_message="run stopped by the kill switch: maintenance window (by oncall)")  # fmt: skip
     title = _header(data)[0].plain
     assert title == "tr11  KILLED: run stopped by the kill switch: maintenance window (by oncall)  restarts so far: 1"
 
@@ -157,7 +157,7 @@ def test_a_warning_of_several_lines_shows_them_as_lines():
 def test_a_job_the_kill_switch_stopped_reads_as_killed_not_failed():
     from orchestrator.views.status_screen import shown_state
 
-    killed = {"state": "failed", "exit_code": 17}
+    killed = job_row(state="failed", exit_code=17)
     assert shown_state(killed) == "killed"
-    assert shown_state({"state": "failed", "exit_code": 1}) == "failed"
-    assert shown_state({"state": "running", "exit_code": None}) == "running"
+    assert shown_state(job_row(state="failed", exit_code=1)) == "failed"
+    assert shown_state(job_row(state="running", exit_code=None)) == "running"
