@@ -13,7 +13,11 @@ import json
 import time
 from pathlib import Path
 
+from orchestrator.contract import RunPaths
+from orchestrator.contract.controller_lock import lock_holder
 from orchestrator.contract.paths import MAX_DEPTH, MAX_RUNS, find_runs
+from orchestrator.contract.state import load_state
+from orchestrator.contract.textsafe import for_terminal
 from orchestrator.errors import EXIT_OK, UsageError
 
 
@@ -31,10 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def describe_run(run_dir: Path, now: float) -> dict:
-    from orchestrator.contract import RunPaths  # noqa: PLC0415
-    from orchestrator.contract.controller_lock import lock_holder  # noqa: PLC0415
-    from orchestrator.contract.state import load_state  # noqa: PLC0415
-    from orchestrator.operate.runs import recorded_jobs, run_name  # noqa: PLC0415
+    from orchestrator.operate.runs import recorded_jobs, run_name  # noqa: PLC0415 - lazy: +41 ms on every runctl start
 
     paths = RunPaths.of(run_dir)
     row = {"run_dir": str(run_dir), "name": "?", "status": "?", "jobs": 0, "live_jobs": 0,
@@ -73,8 +74,6 @@ def _age(seconds: float | None) -> str:
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    from orchestrator.contract.textsafe import for_terminal  # noqa: PLC0415
-
     root = Path(args.root)
     if not root.is_dir():
         raise UsageError(f"{root} is not a folder: give the folder that holds the run directories")
