@@ -38,7 +38,7 @@ def _mark_paths(parser: argparse.ArgumentParser, shtab) -> None:
 
 
 def run_completion(args: argparse.Namespace) -> int:
-    import shtab  # noqa: PLC0415 - only this command needs it
+    import shtab  # noqa: PLC0415 - lazy: +4 ms on every runctl start
 
     _mark_paths(args.parser, shtab)
     print(shtab.complete(args.parser, shell=args.shell))

@@ -19,6 +19,7 @@ from typing import Any
 from orchestrator.contract import RunPaths, loads_bounded
 from orchestrator.contract import events as ev
 from orchestrator.contract.audit import AuditRecord
+from orchestrator.contract.textsafe import for_terminal
 from orchestrator.errors import EXIT_OK, UsageError
 
 FOLLOW_POLL_SECONDS = 1.0
@@ -101,8 +102,7 @@ def matches(record: Any, types: set[str], since: float | None) -> bool:
 def format_record(record: Any) -> str:
     """One record, one line (a reason cannot forge a second one): its local time, then the event as
     a sentence (orchestrator.views.event_text) or the audit line's who, what, verdict and why."""
-    from orchestrator.contract.textsafe import for_terminal  # noqa: PLC0415
-    from orchestrator.views.event_text import sentence  # noqa: PLC0415
+    from orchestrator.views.event_text import sentence  # noqa: PLC0415 - lazy: +10 ms on every runctl start
 
     try:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.time or 0))
@@ -190,7 +190,6 @@ def _nothing(paths, args, everything: list[Any], types: set[str]) -> str:
         if args.audit:
             return f"no operator actions recorded ({paths.audit} is empty)"
         return f"no events recorded yet ({paths.events}): has a controller run? `runctl watch {paths.root} --detach`"
-    from orchestrator.contract.textsafe import for_terminal  # noqa: PLC0415
 
     seen = sorted({kind_of(r) for r in everything})
     wanted = f" of type {', '.join(sorted(types))}" if types else ""

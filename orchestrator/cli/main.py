@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from orchestrator import __version__
+from orchestrator.cli import manual
 from orchestrator.contract.filemodes import owner_umask
 from orchestrator.errors import EXIT_INTERRUPTED, EXIT_USAGE, RunctlError
 
@@ -36,8 +37,6 @@ COMMAND_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from orchestrator.cli import manual
-
     parser = argparse.ArgumentParser(
         prog="runctl",
         description="Plan, submit, watch, kill and resume BLOOM-scale training runs on SLURM. "

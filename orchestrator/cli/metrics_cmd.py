@@ -15,6 +15,7 @@ import argparse
 import os
 import time
 
+from orchestrator.contract import RunPaths
 from orchestrator.errors import EXIT_OK, UsageError
 
 
@@ -61,10 +62,9 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def run_metrics(args: argparse.Namespace) -> int:
-    from prometheus_client import start_http_server, write_to_textfile  # noqa: PLC0415
+    from prometheus_client import start_http_server, write_to_textfile  # noqa: PLC0415 - lazy: +21 ms on every runctl start
 
-    from orchestrator.contract import RunPaths  # noqa: PLC0415
-    from orchestrator.views.prom import run_registry  # noqa: PLC0415
+    from orchestrator.views.prom import run_registry  # noqa: PLC0415 - lazy: +27 ms on every runctl start
 
     paths = RunPaths.of(args.run_dir)
     if args.all and not paths.root.is_dir():

@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from dataclasses import asdict
 
+from orchestrator.contract.textsafe import for_terminal
 from orchestrator.errors import EXIT_OK, UsageError
+from orchestrator.slurm import get_scheduler, scheduler_name
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -67,11 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    import sys  # noqa: PLC0415
-
-    from orchestrator.contract.textsafe import for_terminal  # noqa: PLC0415
-    from orchestrator.operate.runs import submit_run  # noqa: PLC0415
-    from orchestrator.slurm import get_scheduler, scheduler_name  # noqa: PLC0415
+    from orchestrator.operate.runs import submit_run  # noqa: PLC0415 - lazy: +41 ms on every runctl start
 
     scheduler = None if args.dry_run else get_scheduler()
     result = submit_run(
@@ -125,8 +124,7 @@ def describe_chain(count: int, job_name: str) -> list[str]:
 
 
 def run_cancel(args: argparse.Namespace) -> int:
-    from orchestrator.operate.runs import cancel_run, load_run_config
-    from orchestrator.slurm import get_scheduler
+    from orchestrator.operate.runs import cancel_run, load_run_config  # noqa: PLC0415 - lazy: +41 ms on every runctl start
 
     load_run_config(args.run_dir)  # refuses a folder that is not a run directory
     if not os.path.isdir(args.run_dir):

@@ -304,14 +304,32 @@ def recorded_jobs(run_dir: str | os.PathLike[str]) -> list[Submission]:
     return sorted(rows.values(), key=lambda r: int(r.job_id) if r.job_id.isdigit() else 0)
 
 
-def job_table(run_dir: str | os.PathLike[str], scheduler: Any | None = None) -> list[dict[str, Any]]:
-    """One dict per job of the run, oldest first:
-    {"job_id", "state" (JobState value), "exit_code", "outcome" (ExitCode meaning), "nodes",
-     "reason", "submitted_at", "started_at", "ended_at", "submit_reason", "stale"}.
+@dataclass(frozen=True)
+class JobRow:
+    """One job of the run as `runctl status` lists it: the scheduler's answer (or the last one
+    seen, `stale`), what its end meant (`outcome`, an ExitCode meaning) and why it was submitted.
+    `why` is the controller's reason where it recorded one (views.dashboard fills it in)."""
+
+    job_id: str
+    state: str  # a JobState value
+    exit_code: int | None
+    outcome: str
+    nodes: tuple[str, ...]
+    reason: str  # SLURM's reason (why it waits)
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    submit_reason: str
+    stale: bool  # the scheduler no longer reports it: the state is the last one seen
+    why: str | None = None
+
+
+def job_table(run_dir: str | os.PathLike[str], scheduler: Any | None = None) -> list[JobRow]:
+    """One JobRow per job of the run, oldest first.
 
     With a scheduler, states are asked for (one call for all jobs) and cached in
     jobs/last_seen.json; a job the scheduler no longer knows keeps its last seen state with
-    "stale": true. Without one, the cached states are shown. Only the run's owner updates the
+    `stale` set. Without one, the cached states are shown. Only the run's owner updates the
     cache: anyone else (`runctl status` by an operator) reads it.
     """
     paths = RunPaths.of(run_dir)
@@ -337,13 +355,13 @@ def job_table(run_dir: str | os.PathLike[str], scheduler: Any | None = None) -> 
         elif seen is not None:
             stale = True
         seen = seen or LastSeen(state=JobState.UNKNOWN.value, seen_at=0.0)
-        rows.append({
-            "job_id": entry.job_id, "state": seen.state, "exit_code": seen.exit_code,
-            "outcome": decided.get(entry.job_id) or _outcome(seen.state, seen.exit_code),
-            "nodes": seen.nodes, "reason": seen.reason,
-            "submitted_at": entry.time, "started_at": seen.started_at, "ended_at": seen.ended_at,
-            "submit_reason": entry.reason, "stale": stale,
-        })  # fmt: skip
+        rows.append(JobRow(
+            job_id=entry.job_id, state=seen.state, exit_code=seen.exit_code,
+            outcome=decided.get(entry.job_id) or _outcome(seen.state, seen.exit_code),
+            nodes=tuple(seen.nodes), reason=seen.reason,
+            submitted_at=entry.time, started_at=seen.started_at, ended_at=seen.ended_at,
+            submit_reason=entry.reason, stale=stale,
+        ))  # fmt: skip
     if changed and os.geteuid() == paths.root.stat().st_uid:  # only the owner writes the run's files
         write_last_seen(paths.last_seen, cache)
     return rows
@@ -376,10 +394,10 @@ def cancel_run(run_dir: str | os.PathLike[str], scheduler: Any) -> list[str]:
     """Cancel every job of the run that has not ended (the running one and its queued chain).
     Returns the ids asked to cancel."""
     rows = job_table(run_dir, scheduler)
-    ids = [r["job_id"] for r in rows if not JobState.parse(r["state"]).is_terminal]
+    ids = [r.job_id for r in rows if not JobState.parse(r.state).is_terminal]
     # The queued ones first: cancelling the running job first would let SLURM start the next.
     queued = (JobState.PENDING, JobState.HELD)
-    pending = [r["job_id"] for r in rows if r["job_id"] in ids and JobState.parse(r["state"]) in queued]
+    pending = [r.job_id for r in rows if r.job_id in ids and JobState.parse(r.state) in queued]
     others = [j for j in ids if j not in pending]
     if pending:
         scheduler.cancel(pending)
@@ -398,6 +416,6 @@ def load_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
 
 
 __all__ = [
-    "ConfigError", "SubmitResult", "cancel_run", "job_table", "load_run_config", "prepare_run_dir",
+    "ConfigError", "JobRow", "SubmitResult", "cancel_run", "job_table", "load_run_config", "prepare_run_dir",
     "recorded_jobs", "submit_job", "submit_run", "write_job_script",
 ]  # fmt: skip

@@ -27,9 +27,10 @@ import jinja2
 
 from orchestrator.contract import RunPaths
 from orchestrator.contract.textsafe import for_terminal
+from orchestrator.contract.values import SLURM_NODE_NAME
 from orchestrator.plan.config import ConfigError, RunConfig
-from orchestrator.plan.config.schema import ENV_NAME, SAFE_WORD, SLURM_NODE_NAME
-from orchestrator.plan.config.site_options import SBATCH_OPTION_VALUE, step_options
+from orchestrator.plan.config.site_options import ENV_NAME, SBATCH_OPTION_VALUE, step_options
+from orchestrator.plan.config.value_types import SAFE_WORD
 from orchestrator.slurm.launcher.srun_lines import (
     Layout,
     health_argv,

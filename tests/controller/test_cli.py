@@ -142,8 +142,8 @@ def test_report_and_dashboard_after_a_restart(run_env):
     incident = summary["incidents"][0]
     assert incident["resume_step"] == 10 and incident["failure_to_first_step_s"] > 0
     data = dashboard_data(ctl.paths.root)
-    assert data["status"] == "finished" and data["checkpoint"]["last_step"] == 20
-    assert data["training"]["step"] == 20 and data["restarts"] == 1
+    assert data.status == "finished" and data.checkpoint.last_step == 20
+    assert data.training.step == 20 and data.restarts == 1
     from rich.console import Console
 
     console = Console(record=True, width=120)

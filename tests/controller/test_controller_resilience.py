@@ -237,7 +237,7 @@ def test_dashboard_shows_the_controllers_beat_ages_not_node_clocks(tmp_path):
     write_beat(paths, passes=9, failing_passes=0, status="running", poll_seconds=0.1, started_at=0.0,
                node_beat_age={f"node{r + 1:02d}": 0.1 for r in range(4)})
     with ControllerLock(paths.root):
-        ages = {n: info["age"] for n, info in dashboard_data(paths.root)["nodes"].items()}
+        ages = {n: info.age for n, info in dashboard_data(paths.root).nodes.items()}
     assert ages and all(age < 60 for age in ages.values()), ages
-    without = {n: info["age"] for n, info in dashboard_data(paths.root)["nodes"].items()}
+    without = {n: info.age for n, info in dashboard_data(paths.root).nodes.items()}
     assert all(age > 10**8 for age in without.values()), without

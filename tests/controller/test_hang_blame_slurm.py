@@ -156,7 +156,7 @@ def test_a_frozen_node_is_asked_found_stopped_dead_at_dead_after_and_training_go
                 e["event"] == "first_step_after_restart" for e in event_dicts(c.paths)
             ):
                 c.tick()  # one more pass: the pool judged after the relaunch
-                on_the_spare.update(warnings=status_data(c.paths.root, c.scheduler)["warnings"], pool=c.state.pool,
+                on_the_spare.update(warnings=status_data(c.paths.root, c.scheduler).warnings, pool=c.state.pool,
                                     pager=list(pager.received), chat=[m["title"] for m in chat.received])
             return
         for b in read_heartbeats(c.paths.heartbeats):

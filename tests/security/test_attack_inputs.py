@@ -13,6 +13,7 @@ import shutil
 import socket
 import time
 from contextlib import redirect_stdout
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,12 +24,14 @@ from rich.console import Console
 
 from orchestrator.cli.main import main
 from orchestrator.contract import RunPaths, append_jsonl, atomic_write_json, exclude, verify_manifest
+from orchestrator.contract.events import Event
 from orchestrator.controller.notify import notify
 from orchestrator.plan.config import ConfigError, dump_config, load_config
 from orchestrator.slurm.local_cluster import ClusterError, LocalCluster
 from orchestrator.slurm.render import render_sbatch
 from orchestrator.views.dashboard import status_data
 from orchestrator.views.status_screen import job_table, render_status
+from tests.status_views import job_row
 
 REPO = Path(__file__).resolve().parents[2]
 ANSI = "\x1b[2J\x1b[H\x1b]0;pwned\x07\x9b31m"
@@ -80,18 +83,7 @@ def test_reasons_reach_the_terminal_as_one_inert_line(tmp_path):
     assert rc == 0
     assert_inert(out, 1)
 
-    row = {
-        "job_id": "1",
-        "state": "pending",  # its scheduler reason is shown
-        "exit_code": None,
-        "outcome": None,
-        "nodes": [],
-        "submitted_at": None,
-        "started_at": None,
-        "ended_at": None,
-        "submit_reason": ANSI,
-        "reason": FAKE_LINE,
-    }
+    row = job_row(state="pending", submitted_at=None, submit_reason=ANSI, reason=FAKE_LINE)  # its reason is shown
     console = Console(file=io.StringIO(), width=200, force_terminal=False)
     console.print(job_table([row], time.time()))  # `runctl status`: header, rule, one job
     shown = console.file.getvalue()
@@ -102,15 +94,13 @@ def test_reasons_reach_the_terminal_as_one_inert_line(tmp_path):
 def test_rich_markup_in_a_reason_does_not_break_the_live_view(tmp_path):
     paths = own_run(tmp_path)
     data = status_data(paths.root)
-    data["jobs"] = [
-        {"job_id": "1[/]", "why": "[/][bold red]" + ANSI, "submit_reason": "x", "state": "running",
-         "nodes": ["n[/]"], "reason": "[/]", "outcome": None, "exit_code": None, "started_at": None,
-         "ended_at": None, "submitted_at": time.time()}
-    ]  # fmt: skip
-    data["dashboard"]["events"] = [{"time": time.time(), "event": "kill_requested", "by": "[/]" + ANSI,
-                                    "reason": "[/]" + ANSI}, {"time": time.time(), "event": "x[/]"}]  # fmt: skip
-    data["dashboard"]["excluded"] = {"node01": {"reason": "[/]" + ANSI}}
-    data["warnings"] = ["[/][bold]" + ANSI]
+    jobs = (job_row(job_id="1[/]", why="[/][bold red]" + ANSI, submit_reason="x", nodes=("n[/]",), reason="[/]",
+                    submitted_at=time.time()),)  # fmt: skip
+    events = tuple(Event.from_dict(record) for record in [
+        {"time": time.time(), "event": "kill_requested", "by": "[/]" + ANSI, "reason": "[/]" + ANSI},
+        {"time": time.time(), "event": "x[/]"}])  # fmt: skip
+    dashboard = replace(data.dashboard, events=events, excluded={"node01": {"reason": "[/]" + ANSI}})
+    data = replace(data, jobs=jobs, dashboard=dashboard, warnings=("[/][bold]" + ANSI,))
     console = Console(file=io.StringIO(), width=200, force_terminal=False)
     console.print(render_status(data))
     shown = console.file.getvalue()

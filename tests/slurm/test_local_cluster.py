@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.cli.main import main
 from orchestrator.contract import RunPaths
-from orchestrator.operate.runs import cancel_run, job_table, submit_run
+from orchestrator.operate.runs import JobRow, cancel_run, job_table, submit_run
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
@@ -53,19 +53,19 @@ else:
 
 def wait_for(run_dir: Path, scheduler, predicate, timeout: float, what: str) -> list[dict]:
     deadline = time.time() + timeout
-    rows: list[dict] = []
+    rows: list[JobRow] = []
     while time.time() < deadline:
         rows = job_table(run_dir, scheduler)
         if predicate(rows):
             return rows
         time.sleep(0.3)
     raise AssertionError(
-        f"{what} not reached in {timeout} s: {[(r['job_id'], r['state'], r['reason']) for r in rows]}"
+        f"{what} not reached in {timeout} s: {[(r.job_id, r.state, r.reason) for r in rows]}"
     )
 
 
-def all_ended(rows: list[dict]) -> bool:
-    return all(r["state"] in ("completed", "failed", "cancelled", "timeout", "node_fail") for r in rows)
+def all_ended(rows: list[JobRow]) -> bool:
+    return all(r.state in ("completed", "failed", "cancelled", "timeout", "node_fail") for r in rows)
 
 
 def test_cluster_status_env_and_idempotent_up(local_cluster, capsys):
@@ -99,7 +99,7 @@ def test_four_node_job_runs_one_rank_per_node_and_master_addr_resolves(
     rows = wait_for(run_dir, slurm_scheduler, all_ended, 60, "job end")
     out = (run_dir / "jobs" / f"slurm-{job}.out").read_text()
     print(out)
-    assert (rows[0]["state"], rows[0]["exit_code"]) == ("completed", 0), out
+    assert (rows[0].state, rows[0].exit_code) == ("completed", 0), out
     # srun --label: every rank's line starts with its task number (what `runctl logs --rank` reads).
     found = re.finditer(r"^(\d+): (RANK SLURM_PROCID=(\d+) .*)$", out, re.M)
     ranks = {int(m.group(3)): m.group(2) for m in found if m.group(1) == m.group(3)}
@@ -126,7 +126,7 @@ def test_chain_of_three_singleton_jobs_runs_one_after_another(local_cluster, slu
     stamp = 'echo "SPAN $SLURM_JOB_ID $(date +%s.%N)"; sleep 1; echo "SPAN $SLURM_JOB_ID $(date +%s.%N)"'
     result = submit_run(DEMO, run_dir, slurm_scheduler, chain=3, command=["bash", "-c", stamp])
     rows = wait_for(run_dir, slurm_scheduler, all_ended, 90, "end of the chain")
-    assert [r["state"] for r in rows] == ["completed"] * 3
+    assert [r.state for r in rows] == ["completed"] * 3
     spans = []
     for job in result.job_ids:
         times = [
@@ -147,7 +147,7 @@ def test_cancel_stops_a_running_chain(local_cluster, slurm_scheduler, tmp_path):
     marker = tmp_path / "ranks-alive"
     result = submit_run(DEMO, run_dir, slurm_scheduler, chain=3,
                         command=["bash", "-c", f"while true; do date +%s > {marker}.$SLURM_PROCID; sleep 0.2; done"])  # fmt: skip
-    wait_for(run_dir, slurm_scheduler, lambda rows: rows[0]["state"] == "running", 60, "first job running")
+    wait_for(run_dir, slurm_scheduler, lambda rows: rows[0].state == "running", 60, "first job running")
     deadline = time.time() + 20
     while not all(Path(f"{marker}.{r}").exists() for r in range(4)) and time.time() < deadline:
         time.sleep(0.2)
@@ -156,9 +156,9 @@ def test_cancel_stops_a_running_chain(local_cluster, slurm_scheduler, tmp_path):
     assert sorted(cancelled) == sorted(result.job_ids)
     rows = wait_for(run_dir, slurm_scheduler, all_ended, 30, "every job cancelled")
     print(f"chain cancelled in {time.time() - started:.1f} s")
-    assert [r["state"] for r in rows] == ["cancelled"] * 3
+    assert [r.state for r in rows] == ["cancelled"] * 3
     for queued in rows[1:]:
-        assert queued["started_at"] is None and queued["nodes"] == [], (
+        assert queued.started_at is None and queued.nodes == (), (
             f"queued jobs must never start: {queued}"
         )
     time.sleep(1.0)  # the ranks are gone: their heartbeat files stop changing
@@ -179,9 +179,9 @@ def test_the_ranks_exit_code_is_the_jobs_even_with_kill_on_bad_exit(local_cluste
     for name, code in (("agreed", agreed), ("one_fails", one_fails)):
         runs[name] = submit_run(DEMO, tmp_path / name, slurm_scheduler, command=[sys.executable, "-c", code])
     ended = {name: wait_for(tmp_path / name, slurm_scheduler, all_ended, 60, f"{name} ends")[0] for name in runs}
-    print(f"both jobs ended in {time.time() - started:.1f} s:", {n: (r["state"], r["exit_code"]) for n, r in ended.items()})
-    assert (ended["agreed"]["state"], ended["agreed"]["exit_code"], ended["agreed"]["outcome"]) == ("failed", 17, "killed")
-    assert (ended["one_fails"]["state"], ended["one_fails"]["exit_code"]) == ("failed", 1)
+    print(f"both jobs ended in {time.time() - started:.1f} s:", {n: (r.state, r.exit_code) for n, r in ended.items()})
+    assert (ended["agreed"].state, ended["agreed"].exit_code, ended["agreed"].outcome) == ("failed", 17, "killed")
+    assert (ended["one_fails"].state, ended["one_fails"].exit_code) == ("failed", 1)
     assert time.time() - started < 40, "--kill-on-bad-exit must end the other ranks without waiting for them"
     (job,) = runs["one_fails"].job_ids
     first = RunPaths.of(tmp_path / "one_fails").launch_stderr(job, 0).read_text().splitlines()
@@ -208,7 +208,7 @@ def test_scancel_signal_reaches_every_rank_and_the_job_goes_on(local_cluster, sl
     out = (tmp_path / "sig" / "jobs" / f"slurm-{job}.out").read_text()
     print(out)
     assert sorted(re.findall(r"rank (\d) got USR1", out)) == ["0", "1", "2", "3"]
-    assert (row["state"], row["exit_code"], row["outcome"]) == ("failed", 18, "time_budget")
+    assert (row.state, row.exit_code, row.outcome) == ("failed", 18, "time_budget")
 
 
 HOSTLISTS = ["node[01-04]", "node[01-03,07],gpu-a[9-10],login1", "node[1-2]-ib[01-02]", "node[01-02,01]",
@@ -243,7 +243,7 @@ def test_two_runs_of_one_config_do_not_wait_for_each_other(local_cluster, slurm_
     names = {r.job_name for r in results}
     assert len(names) == 2, f"two runs share the singleton key: {names}"
     rows = [wait_for(tmp_path / name, slurm_scheduler, all_ended, 60, f"run {name} ends")[0] for name in ("a", "b")]
-    assert [(r["state"], r["exit_code"]) for r in rows] == [("completed", 0)] * 2, rows
+    assert [(r.state, r.exit_code) for r in rows] == [("completed", 0)] * 2, rows
 
 
 def test_logs_reads_one_ranks_lines_of_srun_label_output(local_cluster, slurm_scheduler, tmp_path, capsys):

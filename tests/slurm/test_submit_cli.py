@@ -69,7 +69,7 @@ def test_chain_status_and_cancel(mock_slurm_dir, tmp_path, capsys):
     code, out, _ = run_cli(capsys, "cancel", str(run_dir), "--json")
     assert code == 0 and sorted(json.loads(out)["cancelled"]) == sorted(ids)
     rows = job_table(run_dir, MockScheduler(mock_slurm_dir))
-    assert [r["state"] for r in rows] == ["cancelled"] * 3
+    assert [r.state for r in rows] == ["cancelled"] * 3
     code, out, _ = run_cli(capsys, "cancel", str(run_dir))
     assert "nothing to cancel" in out
 
@@ -84,11 +84,11 @@ def test_status_remembers_jobs_the_scheduler_forgot(mock_slurm_dir, tmp_path):
     job = submit_job(tmp_path / "r", cfg, sched, reason="restart", exclude=["node03"])
     job_table(tmp_path / "r", sched)
     rows = job_table(tmp_path / "r", sched)
-    assert (rows[0]["state"], rows[0]["exit_code"], rows[0]["outcome"]) == ("completed", 18, "time_budget")
+    assert (rows[0].state, rows[0].exit_code, rows[0].outcome) == ("completed", 18, "time_budget")
     assert "#SBATCH --exclude=node03" in (tmp_path / "r" / "jobs" / job / "job.sbatch").read_text()
     # a new, empty mock: SLURM has forgotten the job; the last seen state stays, marked stale
     rows = job_table(tmp_path / "r", MockScheduler(tmp_path / "empty-mock"))
-    assert (rows[0]["state"], rows[0]["stale"]) == ("completed", True)
+    assert (rows[0].state, rows[0].stale) == ("completed", True)
 
 
 def test_submit_refuses_a_config_the_planner_rejects(mock_slurm_dir, tmp_path, capsys):
@@ -141,5 +141,5 @@ def test_a_slurm_timeout_is_labelled_as_the_controller_labels_it(mock_slurm_dir,
     submit_job(tmp_path / "r", cfg, sched)
     job_table(tmp_path / "r", sched)
     row = job_table(tmp_path / "r", sched)[0]
-    assert (row["state"], row["exit_code"], row["outcome"]) == ("timeout", 18, "time_budget")
-    assert row["outcome"] == classify_end(row["state"], row["exit_code"]).value
+    assert (row.state, row.exit_code, row.outcome) == ("timeout", 18, "time_budget")
+    assert row.outcome == classify_end(row.state, row.exit_code).value

@@ -37,5 +37,5 @@ def test_absolute_checkpoint_dir_is_where_trainer_controller_and_dashboard_look(
     assert [c.step for c in list_checkpoints(controller_dir) if c.complete] == [2, 3]
 
     # The dashboard (`runctl status`/`watch`).
-    shown = dashboard_data(run_dir)["checkpoint"]
-    assert Path(shown["dir"]) == scratch and shown["last_step"] == 3, shown
+    shown = dashboard_data(run_dir).checkpoint
+    assert Path(shown.dir) == scratch and shown.last_step == 3, shown

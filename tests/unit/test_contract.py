@@ -49,6 +49,32 @@ def test_a_beat_round_trips_and_a_version_1_beat_reads_its_extra(tmp_path):
     assert Heartbeat.from_dict(old) == beat
 
 
+def test_every_heartbeat_field_is_read_back_and_one_without_a_check_is_refused():
+    """A field is declared once, with its check: from_dict keeps every field a writer sets (none is
+    dropped for want of a check), and a field declared without one fails at import (_checks_of)."""
+    from orchestrator.contract.heartbeat import _checked, _checks_of
+
+    every = a_beat(restart_count=2, process_started=7.0, launch=1, progress_count=9, progress_unit="backward",
+                   mark_gaps={"step": 2.0}, loss=2.5, consumed_samples=64, resumed_from=10,
+                   checkpoint_load_seconds=3.0, start_phases={"load": 1.0}, restore_bytes={"local": 5.0},
+                   dropped_copies=["peer"], rollback_applied="r1", exit_code=1, exit_reason="x")  # fmt: skip
+    at_default = [
+        f.name for f in dataclasses.fields(Heartbeat)
+        if f.default is not dataclasses.MISSING and getattr(every, f.name) == f.default
+        or f.default_factory is not dataclasses.MISSING and getattr(every, f.name) == f.default_factory()
+    ]  # fmt: skip
+    assert at_default == ["version"], "set every field, so that a dropped one would show"
+    assert Heartbeat.from_dict(json.loads(every.to_json())) == every
+
+    @dataclasses.dataclass
+    class Beat:
+        rank: int = _checked(lambda v: isinstance(v, int))
+        host: str = ""  # declared without a check
+
+    with pytest.raises(TypeError, match="host declared without a check"):
+        _checks_of(Beat)
+
+
 def test_a_bad_report_loses_that_number_not_the_beat():
     data = json.loads(a_beat().to_json())
     data["step_seconds"] = float("nan")

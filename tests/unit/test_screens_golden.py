@@ -25,6 +25,7 @@ import pytest
 
 from orchestrator.cli.main import main
 from tests.screens_run import NOW, REPO, build_run, build_variants, events, hold_controller_lock
+from tests.status_views import job_row
 
 GOLDEN = REPO / "tests" / "golden" / "screens"
 PLACEHOLDER = "/tmp/screens-XXXXXXXX"
@@ -190,7 +191,7 @@ def test_a_warning_of_several_lines_shows_them_as_lines():
 def test_a_job_the_kill_switch_stopped_reads_as_killed_not_failed():
     from orchestrator.views.status_screen import shown_state
 
-    killed = {"state": "failed", "exit_code": 17}
+    killed = job_row(state="failed", exit_code=17)
     assert shown_state(killed) == "killed"
-    assert shown_state({"state": "failed", "exit_code": 1}) == "failed"
-    assert shown_state({"state": "running", "exit_code": None}) == "running"
+    assert shown_state(job_row(state="failed", exit_code=1)) == "failed"
+    assert shown_state(job_row(state="running", exit_code=None)) == "running"

@@ -22,7 +22,9 @@ from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
 from orchestrator.contract.state import RunStatus, load_state, save_state
 from orchestrator.views.status_screen import heartbeat_lines
+from orchestrator.views.status_view import Dashboard
 from tests.screens_run import NOW, REPO, at, build_run
+from tests.status_views import node_beats, status_view
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +83,12 @@ def test_warnings_are_never_cut(built, status):
     panel = text[text.index("╭─ warnings") : text.index("╰")]
     words = " ".join(line.strip("│ ") for line in panel.splitlines()[1:])
     shown = " ".join(words.split())
-    data = json.loads(status(built.root, "--json"))
+    raw = status(built.root, "--json")
+    data = json.loads(raw)
     print(text)
+    # The JSON scripts read, byte for byte (re-record: copy the shown text into the file, then review)
+    recorded = (REPO / "tests" / "golden" / "screens" / "status.json").read_text()
+    assert raw.replace(str(built.root), "RUN_DIR") == recorded, "`runctl status --json` changed its shape"
     assert len(data["warnings"]) == 2 and "no controller is watching this run" in data["warnings"][0]
     for warning in data["warnings"]:
         assert f"- {warning}" in shown, f"cut or lost: {warning!r}\n{panel}"
@@ -96,10 +102,10 @@ def test_without_slurm_on_path_status_says_so_and_shows_what_it_knows(built, sta
     assert "1001 chain running node[01-52]" in text, "the controller's records of the jobs"
 
 
-def beats(ages: dict[str, float], ranks_in_job: int | None = None) -> dict:
-    nodes = {n: {"age": a, "rank_count": 8} for n, a in ages.items()}
-    return {"heartbeat_job": "4207", "heartbeat_job_running": True, "nodes": nodes, "dead_after": 210.0,
-            "late_after": 90.0, "ranks_in_job": ranks_in_job or 8 * len(ages), "ranks_beating": 8 * len(ages)}  # fmt: skip
+def beats(ages: dict[str, float], ranks_in_job: int | None = None) -> Dashboard:
+    return status_view(heartbeat_job="4207", heartbeat_job_running=True, nodes=node_beats(ages), dead_after=210.0,
+                       late_after=90.0, ranks_in_job=ranks_in_job or 8 * len(ages),
+                       ranks_beating=8 * len(ages)).dashboard  # fmt: skip
 
 
 def test_heartbeats_say_what_is_late_and_by_how_much():

@@ -7,21 +7,21 @@ from __future__ import annotations
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
 from orchestrator.views.dashboard import _storage_stall, warnings
+from orchestrator.views.status_view import StatusView, StorageStall
+from tests.status_views import status_view
 
 
 def probed(verdict: str, job_id: str = "7") -> fev.NodeProbed:
     return fev.NodeProbed(job_id=job_id, node="node02", verdict=verdict, why="rank 3 in D (disk wait)", time=100.0)
 
 
-def screen(stall) -> dict:
-    dashboard = {"status": "running", "controller": {"pid": 1}, "controller_failing_passes": 0,
-                 "disk": {"level": "ok", "message": ""}, "stop_message": None, "storage_stall": stall}  # fmt: skip
-    return {"dashboard": dashboard, "run_dir": "/runs/r", "scheduler_problem": None, "jobs": []}
+def screen(stall) -> StatusView:
+    return status_view(storage_stall=stall)
 
 
 def test_a_stall_verdict_of_the_running_job_is_a_warning():
     stall = _storage_stall([ev.JobSubmitted(job_id="7", reason="x"), probed("stall")], "7")
-    assert stall == {"node": "node02", "why": "rank 3 in D (disk wait)", "time": 100.0}
+    assert stall == StorageStall(node="node02", why="rank 3 in D (disk wait)", time=100.0)
     [warning] = warnings(screen(stall))
     assert warning.startswith("node02 is in a storage stall (rank 3 in D (disk wait))")
     assert "stall_tolerance_seconds" in warning
