@@ -32,7 +32,25 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+# `make test` runs the tests marked `idle` in a second pytest session beside the first, at the lowest
+# CPU priority (nice 19): they take only the cycles the real-cluster tests leave while they wait on
+# SLURM and the watchdog. Idle means in-process Python with no deadline on the wall clock (the
+# simulation's clock is virtual): however long it waits for the CPU, it cannot fail for it. The
+# files named here run subprocesses with timeouts, so they stay in the first session.
+IDLE_DIRS = (REPO_ROOT / "tests" / "simulation", REPO_ROOT / "tests" / "unit")
+NOT_IDLE = {"test_ci_no_silent_skips.py", "test_cli_help.py", "test_gpu_check_starts.py", "test_planner.py",
+            "test_status_screen.py"}  # fmt: skip
+
+
+def _idle(item: pytest.Item) -> bool:
+    path = Path(item.path)
+    return path.name not in NOT_IDLE and any(path.is_relative_to(d) for d in IDLE_DIRS)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _idle(item):
+            item.add_marker(pytest.mark.idle)
     if any("gpu" in item.keywords for item in items) and not _has_cuda():
         skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; run on a machine with one")
         for item in items:
