@@ -341,6 +341,7 @@ class Trainer:
         st = self.state
         self.hb.set_phase(Phase.CHECKPOINT, st.step)
         started = time.time()
+        since = started - self.controls.last_checkpoint_time  # the interval this save closes
         client = {**asdict(st), "lr_schedule": asdict(self.lr_schedule), "rampup": asdict(self.rampup),
                   "why": why}
         state = self.rollback.checkpoint_state(st.step, st.consumed_samples, st.lr_samples, st.skipped_total,
@@ -360,7 +361,8 @@ class Trainer:
                     before_write=lambda: self.faults.before_checkpoint_write(self.engine, st.step))
         self.controls.checkpoint_saved()
         done = "snapshot of" if self.async_writer is not None else "saved"
-        log(self.rank, f"{done} {path.name} ({why}) in {time.time() - started:.3f}s")
+        log(self.rank, f"{done} {path.name} ({why}) in {time.time() - started:.3f}s, {since:.2f} s after the last "
+                       "save (or the start)")
         self.hb.set_phase(Phase.STEP, self.state.step)
 
     def wait_for_checkpoint_write(self) -> None:
