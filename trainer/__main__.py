@@ -45,7 +45,8 @@ def out_of_memory(exc: BaseException) -> bool:
 
     return isinstance(exc, (MemoryError, torch.OutOfMemoryError))
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prepared=None) -> int:
+    """`prepared`: what the warm standby did before its go (trainer/prepared_start.py)."""
     process_start = time.time()
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
@@ -55,11 +56,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from orchestrator.plan.config import ConfigError, load_config
 
-    try:
-        cfg = load_config(paths.config)
-    except ConfigError as exc:
-        print(f"[trainer] {exc}", file=sys.stderr)
-        return int(ExitCode.CONFIG_ERROR)
+    cfg = prepared.config_for(paths.config) if prepared is not None else None
+    if cfg is None:
+        prepared = None  # run.yaml changed since the standby read it: nothing of it is used
+        try:
+            cfg = load_config(paths.config)
+        except ConfigError as exc:
+            print(f"[trainer] {exc}", file=sys.stderr)
+            return int(ExitCode.CONFIG_ERROR)
     # The data and the tokenizer, checked as `runctl submit` checked them on the login node, before
     # torch is imported: gone since then (a moved dataset, an unmounted filesystem) is a config
     # error, one stop of the run, not a crash that restarts and excludes healthy nodes.
@@ -112,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             trainer = Trainer(cfg, paths, dist, overrides, heartbeat)  # validates schedules
         except ValueError as exc:
             raise LayoutError(str(exc)) from exc
+        trainer.prepared, prepared = prepared, None
         trainer.build()
         trainer.resume()
         code = trainer.train()

@@ -102,13 +102,26 @@ def eval_samples(cfg) -> int:
     return cfg.data.eval_iters * cfg.parallel.global_batch_size
 
 
-def build_datasets(cfg, paths: RunPaths, rank: int):
+def build_split(cfg, paths: RunPaths, on_this_rank: bool):
+    """(train, valid, test) over data_cache/; `on_this_rank` False: map the cached indices only
+    (IndexCacheMissing when they are not there)."""
+    from trainer.data import build_train_valid_test_datasets
+
+    return build_train_valid_test_datasets(
+        [d.path for d in cfg.data.datasets], [d.weight for d in cfg.data.datasets], cfg.data.split,
+        (cfg.train_samples, eval_samples(cfg), 0), cfg.model.seq_length, cfg.data.seed, paths.data_cache,
+        on_this_rank,
+    )[:2]
+
+
+def build_datasets(cfg, paths: RunPaths, rank: int, mapped: tuple | None = None):
     """(train, valid or None): Megatron's indexed dataset + cached sample indices (rank 0 builds the
-    cache in data_cache/, the others wait, then memory-map it)."""
+    cache in data_cache/, the others wait, then memory-map it). `mapped`: this rank's indices,
+    mapped already by the warm standby (trainer/prepared_start.py); the barrier is kept, so that
+    ranks with and without them agree."""
     import torch.distributed as tdist
 
     from orchestrator.plan.preflight import data_checks
-    from trainer.data import build_train_valid_test_datasets
     from trainer.parallel.groups import LayoutError
 
     # Every rank checks before the barrier (python -m trainer checked at start too; this is for
@@ -118,18 +131,11 @@ def build_datasets(cfg, paths: RunPaths, rank: int):
     if missing:
         raise LayoutError("; ".join(missing))
 
-    def build(on_this_rank: bool):
-        return build_train_valid_test_datasets(
-            [d.path for d in cfg.data.datasets], [d.weight for d in cfg.data.datasets], cfg.data.split,
-            (cfg.train_samples, eval_samples(cfg), 0), cfg.model.seq_length, cfg.data.seed, paths.data_cache,
-            on_this_rank,
-        )[:2]
-
-    datasets = build(True) if rank == 0 else None
+    datasets = mapped if mapped is not None else build_split(cfg, paths, True) if rank == 0 else None
     if tdist.is_initialized() and tdist.get_world_size() > 1:
         tdist.barrier()
-    if rank != 0:
-        datasets = build(False)
+    if datasets is None:
+        datasets = build_split(cfg, paths, False)
     train, valid = datasets
     if train is None:
         raise RuntimeError(f"data.split={cfg.data.split!r} leaves no training documents: give the train split a share")
@@ -155,6 +161,7 @@ class Trainer:
         self.pinned: Path | None = None  # load exactly this checkpoint (a replay), no fallback, nothing reported
         self.probe_problems: list[str] = []
         self.faults = FaultInjector(overrides.faults, self.rank)  # TEST-ONLY; inert without TRAINER_FAULT
+        self.prepared = None  # what the warm standby built before the go (trainer/prepared_start.py)
 
     def build(self) -> None:
         from trainer.model import build_pipeline_module, universal_checkpoint_info
@@ -165,7 +172,10 @@ class Trainer:
         self.layout = ParallelLayout.from_config(cfg, world_size=self.dist.world_size)
         initialize_model_parallel(self.layout)
         seed_everything(cfg.seed)
-        module = build_pipeline_module(cfg, self.layout)
+        prebuilt = self.prepared.units_for(self.layout, self.rank) if self.prepared is not None else {}
+        module = build_pipeline_module(cfg, self.layout, prebuilt=prebuilt)
+        if prebuilt:
+            log(self.rank, f"model: {len(prebuilt)} units built by the warm standby")
         module.loss_fn = self.faults.wrap_loss(module, module.loss_fn)
         PHASES.mark("model")
         # Chosen before the engine exists: a checkpoint of another layout loads as a universal one,
@@ -215,7 +225,9 @@ class Trainer:
         self.dp_rank = self.engine.grid.get_data_parallel_id()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and \
             os.environ.get("DS_ACCELERATOR") != "cpu" else None
-        self.dataset, self.valid_dataset = build_datasets(cfg, self.paths, self.rank)
+        mapped = self.prepared.datasets if self.prepared is not None else None
+        self.dataset, self.valid_dataset = build_datasets(cfg, self.paths, self.rank, mapped)
+        self.prepared = None  # what was not used goes now
         self.probe_name, self.probe_dataset = probe.probe_dataset(self.dataset, self.valid_dataset)
         PHASES.mark("data_index")
         self.local_restore = None
@@ -329,6 +341,7 @@ class Trainer:
         st = self.state
         self.hb.set_phase(Phase.CHECKPOINT, st.step)
         started = time.time()
+        since = started - self.controls.last_checkpoint_time  # the interval this save closes
         client = {**asdict(st), "lr_schedule": asdict(self.lr_schedule), "rampup": asdict(self.rampup),
                   "why": why}
         state = self.rollback.checkpoint_state(st.step, st.consumed_samples, st.lr_samples, st.skipped_total,
@@ -348,7 +361,8 @@ class Trainer:
                     before_write=lambda: self.faults.before_checkpoint_write(self.engine, st.step))
         self.controls.checkpoint_saved()
         done = "snapshot of" if self.async_writer is not None else "saved"
-        log(self.rank, f"{done} {path.name} ({why}) in {time.time() - started:.3f}s")
+        log(self.rank, f"{done} {path.name} ({why}) in {time.time() - started:.3f}s, {since:.2f} s after the last "
+                       "save (or the start)")
         self.hb.set_phase(Phase.STEP, self.state.step)
 
     def wait_for_checkpoint_write(self) -> None:

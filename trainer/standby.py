@@ -4,7 +4,9 @@ Most of a trainer's start is importing torch, DeepSpeed and the model code (seco
 more when 8 ranks of a node import at once). The job launcher (orchestrator/slurm/launcher)
 therefore keeps the next launch warm: once a launch trains, it starts a standby srun step with G
 tasks on every usable node of the allocation (the running launch's nodes and the spares, `--overlap`:
-they only wait). Each standby task imports the trainer, then waits for the launcher's go file
+they only wait). Each standby task imports the trainer, prepares what of the start needs no
+membership (trainer/prepared_start.py: the config, its stage's model, the data index), then
+waits for the launcher's go file
 (orchestrator.contract.allocation.StandbyGo), written only after the controller decided a relaunch. A task whose node is in `nodes` becomes rank
 index(node) x G + SLURM_LOCALID of launch K (the SLURM_* layout variables are rewritten to the
 launch's, so trainer.launch reads them as for any srun) and runs the trainer in this process; a
@@ -15,6 +17,7 @@ directory: the owner's, regular, bounded.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -97,7 +100,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     go_file, run_dir = Path(argv[1]), argv[6]
     warm_up()
+    # What the imports left on the heap is never garbage: out of the collector's sight, DeepSpeed's
+    # forced collections while it builds the engine (six, each walking every object: 1.5 s of a
+    # CPU rank's engine set-up here) see only what the start creates.
+    gc.freeze()
     node, local_rank = os.environ.get("SLURMD_NODENAME", ""), int(os.environ.get("SLURM_LOCALID", "0"))
+    from trainer.prepared_start import prepare
+
+    prepared = prepare(run_dir, node, local_rank)
+    if prepared is not None:
+        print(f"[standby {node}/{local_rank}] prepared (s): {prepared.seconds}"
+              f"{f', units of rank {prepared.rank}' if prepared.units else ''}", file=sys.stderr, flush=True)
     ready = ready_dir(go_file)
     ready.mkdir(exist_ok=True)
     (ready / f"{node}-{local_rank}").touch()  # the launcher counts these: the standby is warm
@@ -120,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(variables)
     from trainer.__main__ import main as trainer_main
 
-    return trainer_main([run_dir])
+    return trainer_main([run_dir], prepared)
 
 
 if __name__ == "__main__":

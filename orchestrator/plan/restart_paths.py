@@ -9,11 +9,13 @@ and the simulation both charge.
 
 The paths:
 - in the allocation, warm standby: a job with spares keeps the next launch's trainer warm
-  (orchestrator/slurm/launcher: imports, model built, data index mapped); it still spends
-  `recovery.standby_start_share` of a cold start (the rendezvous, the engine's groups). Measured on
-  the local cluster (bench/results/recovery.json): the relaunched trainer started in 1.88-2.03 s
-  with the standby against 11.34-11.84 s cold, medians 1.96 / 11.59 = 0.169. Scaling rule: the
-  standby pre-pays the same share of a start at BLOOM's scale as here;
+  (orchestrator/slurm/launcher, trainer/prepared_start.py: imports, config, model built, data
+  index mapped); it still spends `recovery.standby_start_share` of a cold start (the rendezvous,
+  the engine with its groups, the load). Measured on the local cluster (bench/results/recovery.json,
+  one round): the relaunched trainer started in 1.18 s from the standby with the restore from local
+  and buddy copies (0.53 s from the shared copy) against 10.62 s cold: 1.18 / 10.62 = 0.111, the
+  larger of the two. Scaling rule: the standby pre-pays the same share of a start at BLOOM's scale
+  as here;
 - in the allocation, cold: `recovery.cold_start_minutes` (BLOOM: 45 s of imports from GPFS + 10 min
   of rendezvous of 384 ranks, 70-layer pipeline build and DeepSpeed engine: an assumption, no
   measurement at that scale exists here);

@@ -9,7 +9,9 @@ nodes for the exclude list. Every run is 12 steps with checkpoints every 4 (TRAI
 - a job-level restart without the bad node, as SLURM itself shows it, with the stacks dumped and
   the same losses: in test_hang_blame_slurm.py's hang (its helpers are here);
 - `runctl kill` by an operator who is another Unix user: the trainer saves and exits 17, no
-  restart; `runctl resume` continues from the kill checkpoint; same losses.
+  restart; `runctl resume` continues from the kill checkpoint; same losses. The same run applies
+  the learned checkpoint interval (`checkpoint.adaptive_interval: apply`): the controller writes
+  the directive, rank 0 takes it up and saves on it.
 Timings printed (failure -> detection -> first step after restart) are the real-cluster
 counterpart of bench/controller_latency.py.
 """
@@ -51,7 +53,7 @@ def e2e_config(
     if not (REPO / "data" / "corpus.idx").exists() and (REPO / "data" / "corpus" / "multilingual_text_document.idx").exists():
         corpus = REPO / "data" / "corpus" / "multilingual_text_document"
     data["data"]["datasets"] = [{"path": str(corpus), "weight": 1.0}]
-    data["checkpoint"].update(interval_steps=4, **(checkpoint or {}))
+    data["checkpoint"].update({"interval_steps": 4, **(checkpoint or {})})
     data["watchdog"].update(heartbeat_seconds=0.5, poll_seconds=0.5, dead_after_seconds=8, step_timeout_seconds=20)
     data["operators"] = operators or {"group": None, "users": []}
     data["notifications"] = {**(notifications or {})}
@@ -227,6 +229,25 @@ def assert_exclusion_seen_by_slurm(ctl: Controller, failed_job_id: str, bad_node
     assert f"#SBATCH --exclude={bad_node}" in script
 
 
+LEARNED_HOURS = 0.0005
+
+
+def assert_saves_at_the_learned_interval(paths: RunPaths) -> None:
+    """The controller wrote the interval directive; rank 0 took it up, and each save it made on
+    time came no sooner than that interval after the save (or the start) before it."""
+    fits = [e for e in event_dicts(paths) if e["event"] == "checkpoint_interval_fit"]
+    assert fits and fits[0]["adaptive_mode"] == "apply" and fits[0]["interval_hours"] == LEARNED_HOURS, fits
+    assert json.loads((paths.root / "accepted" / "checkpoint_interval").read_text())["interval_hours"] == LEARNED_HOURS
+    output = "".join(p.read_text(errors="replace") for p in sorted(paths.jobs.glob("slurm-*.out")))
+    assert f"checkpoint interval now {LEARNED_HOURS:g} h" in output, output[-3000:]
+    # "saved step_0000005 (time interval) in 0.4s, 1.93 s after the last save (or the start)"
+    after = [float(line.split(", ")[-1].split(" s after")[0]) for line in output.splitlines()
+             if "[trainer] saved step_" in line and "(time interval)" in line]
+    print(f"saves on the learned interval ({LEARNED_HOURS * 3600:.1f} s), seconds after the save before: {after}")
+    assert after, "no save came from the learned interval"
+    assert all(seconds >= LEARNED_HOURS * 3600 for seconds in after), after
+
+
 def test_kill_by_another_operator_then_resume(e2e_run, reference_losses):
     if not shutil.which("useradd"):
         pytest.skip("needs useradd")
@@ -239,7 +260,11 @@ def test_kill_by_another_operator_then_resume(e2e_run, reference_losses):
     subprocess.run(["groupadd", group], check=True)
     subprocess.run(["useradd", "-M", "-N", "-G", group, oncall], check=True)
     try:
-        cfg, ctl = e2e_run(operators={"group": group, "users": []})
+        # The learned interval, applied: bounds of 1.8 s make the controller's first fit a directive
+        # (the config's 1 h is out of them); saves come only from it (and the kill), not every 4 steps.
+        learned = {"interval_steps": 1000, "interval_hours": 1.0, "adaptive_interval": "apply",
+                   "min_interval_hours": LEARNED_HOURS, "max_interval_hours": LEARNED_HOURS}
+        cfg, ctl = e2e_run(operators={"group": group, "users": []}, checkpoint=learned)
         submit_job(ctl.paths.root, cfg, ctl.scheduler, reason="initial")
         ctl.start()  # sets control/ to the operators' group
         killed = {}
@@ -271,6 +296,7 @@ def test_kill_by_another_operator_then_resume(e2e_run, reference_losses):
         assert drive(ctl, 150) == RunStatus.FINISHED
         assert any(e["event"] == "resumed" and e["by"] == oncall for e in event_dicts(ctl.paths))
         assert_same_losses(ctl.paths, reference_losses)
+        assert_saves_at_the_learned_interval(ctl.paths)
     finally:
         subprocess.run(["userdel", oncall], check=False)
         subprocess.run(["groupdel", group], check=False)

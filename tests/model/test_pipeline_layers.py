@@ -77,18 +77,26 @@ def _pipeline_module_worker(rank: int, port: int, out: dict) -> None:
     import deepspeed
     import torch.distributed as dist
 
+    from trainer.launch import skip_deepspeed_shm_op
     from trainer.model import build_pipeline_module
+    from trainer.model.pipeline import build_stage_units
     from trainer.parallel import initialize_model_parallel
 
+    skip_deepspeed_shm_op()  # as the trainer does: training never uses the op it would compile
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     layout = ParallelLayout()
-    initialize_model_parallel(layout)
     cfg = tiny_config(num_layers=2)
+    units = build_stage_units(cfg, layout, 0)  # as the warm standby does, before the groups exist
+    initialize_model_parallel(layout)
     module = build_pipeline_module(cfg, layout)
     ids = torch.randint(0, cfg.model.vocab_size, (2, cfg.model.seq_length))
+    prebuilt = build_pipeline_module(cfg, layout, prebuilt=units)
     with torch.no_grad():
         logits = module(ids)
         reference = BloomModel(cfg)(ids)
+        out["prebuilt_err"] = (prebuilt(ids) - logits).abs().max().item()
+    out["prebuilt_used"] = sorted(units) == list(range(5)) and all(
+        any(p is q for q in prebuilt.parameters()) for unit in units.values() for p in unit.parameters())
     out["err"] = (logits - reference).abs().max().item()
     out["names"] = [n for n, _ in module.named_parameters()]
     out["loss"] = module.loss_fn(logits, torch.roll(ids, -1, 1)).item()
@@ -113,6 +121,8 @@ def test_real_pipeline_module_matches_and_names_are_covered():
         out = dict(out)
     print(f"PipelineModule (world 1) vs BloomModel: max abs err {out['err']:.3e}, loss {out['loss']:.4f}")
     assert out["err"] == 0.0
+    print(f"PipelineModule of units built before the process groups: max abs err {out['prebuilt_err']:.3e}")
+    assert out["prebuilt_err"] == 0.0 and out["prebuilt_used"]
     print(f"activation-checkpointed PipelineModule grads vs BloomModel: max abs err {out['ckpt_grad_err']:.3e}")
     assert out["ckpt_grad_err"] <= 1e-6
     assert 4.0 < out["loss"] < 7.0  # ~ln(256) for a fresh model

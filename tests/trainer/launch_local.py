@@ -55,8 +55,11 @@ def rank_env(rank: int, nranks: int, port: int, job_id: str = "local-test", nnod
 
 def start(run_dir: Path, nranks: int = 1, env: dict[str, str] | None = None, job_id: str = "local-test",
           nnodes: int = 1, rank_extra: dict[int, dict[str, str]] | None = None,
-          module: str = "trainer", args: tuple[str, ...] = ()) -> list[subprocess.Popen]:
-    """`python -m MODULE RUN_DIR ARGS...` (the trainer, or e.g. trainer.replay) as `nranks` ranks."""
+          module: str = "trainer", args: tuple[str, ...] = (),
+          standby_go: Path | None = None) -> list[subprocess.Popen]:
+    """`python -m MODULE RUN_DIR ARGS...` (the trainer, or e.g. trainer.replay) as `nranks` ranks;
+    with `standby_go`, `python -m trainer.standby --go FILE -- python -m trainer RUN_DIR`: warm
+    standby tasks that become ranks once the test writes the go file (its layout, not these ranks')."""
     run_dir = Path(run_dir)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -65,8 +68,11 @@ def start(run_dir: Path, nranks: int = 1, env: dict[str, str] | None = None, job
     for rank in range(nranks):
         extra = {**(env or {}), **((rank_extra or {}).get(rank, {}))}
         log = open(logs / f"rank-{rank}.log", "ab")  # noqa: SIM115 (closed by wait())
+        argv = [sys.executable, "-m", module, str(run_dir), *args]
+        if standby_go is not None:
+            argv = [sys.executable, "-m", "trainer.standby", "--go", str(standby_go), "--", *argv]
         proc = subprocess.Popen(
-            [sys.executable, "-m", module, str(run_dir), *args], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+            argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
             env=rank_env(rank, nranks, port, job_id, nnodes, extra), start_new_session=True,
         )
         proc.log_file = log  # type: ignore[attr-defined]

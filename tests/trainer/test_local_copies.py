@@ -1,9 +1,14 @@
 """Node-local and buddy copies of checkpoints (`checkpoint.local_dir`), as real ranks (gloo on CPU):
-2 emulated nodes x 2 ranks (tp=2 x pp=2), async saves every 2 steps, a stop at step 4.
+2 emulated nodes x 2 ranks (pp=2 x dp=2: each node one pipeline stage, its two data-parallel
+replicas each with its ZeRO-1 shard; tp=2 x pp=2 is the real-SLURM drill's, test_e2e_slurm_2411.py),
+async saves every 2 steps, a stop at step 4.
 
-- Relaunch inside the same job with node 1 replaced by node 2: ranks 0-1 load their own copies,
-  ranks 2-3 fetch node 1's files from its buddy (node 0); 0 bytes come from the shared checkpoint,
-  and steps 5-8 have bitwise the losses of the same relaunch restored from the shared copy.
+- Relaunch inside the same job with node 1 replaced by node 2, from the warm standby
+  (trainer/standby.py, as the job launcher runs it: the test writes the allocation record and the
+  go file): node 0's tasks build their stage's model before the go (trainer/prepared_start.py),
+  the spare's build after it; ranks 0-1 load their own copies, ranks 2-3 fetch node 1's files
+  (both shards) from its buddy (node 0); 0 bytes come from the shared checkpoint, and steps 5-8
+  have bitwise the losses of the same relaunch started cold and restored from the shared copy.
 - Node 2 replaced by node 3, with one byte flipped in node 0's replica of node 2's files: the fetched copy fails its sha256, is dropped and named
   in the beat's dropped_copies, the shared file is read instead, the probe matches bitwise, no NaN.
 """
@@ -13,13 +18,17 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 
 from orchestrator.contract import ExitCode, RunPaths, read_heartbeats
+from orchestrator.contract.allocation import Allocation, StandbyGo, write_allocation, write_standby_go
 from tests.trainer import launch_local
 from tests.trainer.runs import make_run_dir
 from trainer.local_copies import buddy_nodes, buddy_ranks, run_key
+from trainer.standby import ready_dir
 
-TP2_PP2 = {"parallel": {"tp": 2, "pp": 2}, "cluster": {"gpus_per_node": 2, "nodes": 2}}
+PP2_DP2 = {"parallel": {"tp": 1, "pp": 2}, "cluster": {"gpus_per_node": 2, "nodes": 2}}
+JOB = "4101"  # a SLURM job id: the allocation record refuses any other
 REPLACED = {2: {"SLURMD_NODENAME": "localnode2"}, 3: {"SLURMD_NODENAME": "localnode2"}}
 
 
@@ -33,24 +42,52 @@ def rank0_beat(run_dir):
     return next(b for b in read_heartbeats(RunPaths.of(run_dir).heartbeats) if b.rank == 0)
 
 
+def go_when_warm(run, standby, go: StandbyGo, timeout: float = 240) -> None:
+    """Write the go file once every standby task is warm (what the launcher does after a decision)."""
+    paths = RunPaths.of(run)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = ready_dir(paths.standby_go(JOB, go.launch))
+        if ready.is_dir() and len(list(ready.iterdir())) == len(standby):
+            write_standby_go(paths.standby_go(JOB, go.launch), go)
+            return
+        if any(proc.poll() is not None for proc in standby):
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"the standby never got warm: {launch_local.read_log(run)[-3000:]}")
+
+
 def test_relaunch_restores_from_local_and_buddy_copies_and_survives_a_corrupt_replica(tmp_path):
     shm = tmp_path / "shm"
-    run = make_run_dir(tmp_path / "run", **TP2_PP2, checkpoint={
+    run = make_run_dir(tmp_path / "run", **PP2_DP2, checkpoint={
         "interval_steps": 2, "keep_last": 3, "async_save": True, "local_dir": str(shm)})
-    codes = launch_local.run(run, 4, {"TRAINER_STOP_AFTER_STEPS": "4"}, timeout=240, job_id="J1", nnodes=2)
+    codes = launch_local.run(run, 4, {"TRAINER_STOP_AFTER_STEPS": "4"}, timeout=240, job_id=JOB, nnodes=2)
     assert codes == [ExitCode.TIME_BUDGET] * 4, launch_local.read_log(run)
     # the same state, another run directory: its local copies are not found (another run's key):
     # the shared-filesystem restore as a job-level restart does it
     reference = shutil.copytree(run, tmp_path / "reference")
-    both = launch_local.start(run, 4, {"TRAINER_MAX_STEPS": "8"}, job_id="J1", nnodes=2, rank_extra=REPLACED)
-    both += launch_local.start(reference, 4, {"TRAINER_MAX_STEPS": "8"}, job_id="J1", nnodes=2)
-    assert launch_local.wait(both, 300) == [ExitCode.FINISHED] * 8, launch_local.read_log(run)
+    paths = RunPaths.of(run)
+    paths.job_dir(JOB).mkdir(parents=True, exist_ok=True)
+    write_allocation(paths.allocation(JOB), Allocation(JOB, "waiting_decision", 0, ["localnode0", "localnode1"],
+                                                        ["localnode2"], waits_for_decisions=True))
+    standby = launch_local.start(run, 4, {"TRAINER_MAX_STEPS": "8"}, job_id=JOB, nnodes=2, rank_extra=REPLACED,
+                                 standby_go=paths.standby_go(JOB, 1))
+    reference_ranks = launch_local.start(reference, 4, {"TRAINER_MAX_STEPS": "8"}, job_id=JOB, nnodes=2)
+    go_when_warm(run, standby, StandbyGo(1, ("localnode0", "localnode2"), 2, "127.0.0.1", launch_local.free_port()))
+    assert launch_local.wait(standby + reference_ranks, 300) == [ExitCode.FINISHED] * 8, launch_local.read_log(run)
 
     log = "".join(launch_local.read_log(run, r) for r in range(4))
     assert "[restore rank 2] read rng/rank-00002.pt from peer" in log, log[-3000:]
     assert "[restore rank 1] read rng/rank-00001.pt from local" in log
+    # both data-parallel replicas of the lost stage: each ZeRO-1 shard from the buddy
+    shards = {line.split(" read ")[1].split(" from ")[0] for line in log.splitlines()
+              if line.startswith(("[restore rank 2]", "[restore rank 3]")) and "_optim_states.pt from peer" in line}
+    assert len(shards) == 2, sorted(shards)
+    assert launch_local.read_log(run).count("units built by the warm standby") == 1  # rank 0: its node kept its slot
+    assert "units built by the warm standby" not in launch_local.read_log(run, 2)  # the spare's slot was unknown
     beat = rank0_beat(run)
-    print("restore bytes", beat.restore_bytes, "start phases", beat.start_phases)
+    print("restore bytes", beat.restore_bytes, "start phases after the go", beat.start_phases)
+    print("cold, shared restore: start phases", rank0_beat(reference).start_phases)
     assert beat.restore_bytes["shared"] == 0 and beat.restore_bytes["local"] > 0 and beat.restore_bytes["peer"] > 0
     assert beat.dropped_copies == [] and beat.resumed_from == 4
     assert {"rendezvous", "copies_fetched_checked", "load_and_probe"} <= set(beat.start_phases)
@@ -62,12 +99,12 @@ def test_relaunch_restores_from_local_and_buddy_copies_and_survives_a_corrupt_re
     assert ours == theirs  # bitwise
 
     # node 2 is lost in turn; one byte flipped in node 0's buddy replica of its files of step 8
-    replica = sorted((shm / run_key(run) / "J1" / "localnode0" / "step_0000008" / "peer").glob("bf16_zero_*"))[0]
+    replica = sorted((shm / run_key(run) / JOB / "localnode0" / "step_0000008" / "peer").glob("bf16_zero_*"))[0]
     data = bytearray(replica.read_bytes())
     data[len(data) // 2] ^= 0x01
     replica.write_bytes(bytes(data))
     again = {2: {"SLURMD_NODENAME": "localnode3"}, 3: {"SLURMD_NODENAME": "localnode3"}}  # node 2 lost now
-    codes = launch_local.run(run, 4, {"TRAINER_MAX_STEPS": "10"}, timeout=240, job_id="J1", nnodes=2,
+    codes = launch_local.run(run, 4, {"TRAINER_MAX_STEPS": "10"}, timeout=240, job_id=JOB, nnodes=2,
                              rank_extra=again)
     assert codes == [ExitCode.FINISHED] * 4, launch_local.read_log(run)
     beat = rank0_beat(run)

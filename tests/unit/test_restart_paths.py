@@ -35,7 +35,7 @@ def test_bloom_paths_are_bytes_over_bandwidth() -> None:
         assert paths.load_seconds(source) == pytest.approx(seconds, rel=1e-12)
     # local_copy memory + peer_copy: survivors read host memory, the replacement its buddy's replica.
     assert paths.in_allocation_load() == (pytest.approx(max(per_rank / 6.6e9, per_node / 40e9) + hashing), LoadSource.MEMORY)
-    assert paths.start_seconds(standby=True) == pytest.approx(645 * 0.169)
+    assert paths.start_seconds(standby=True) == pytest.approx(645 * 0.111)
     assert paths.start_seconds(standby=False) == 645
     print("in allocation", paths.in_allocation_seconds(), "job-level", paths.job_level_seconds())
     assert paths.in_allocation_seconds() < 160 < 1500 < paths.job_level_seconds()

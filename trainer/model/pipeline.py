@@ -31,6 +31,7 @@ gradient); the copy on the first stage is the one that trains and is saved (laye
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 
@@ -87,16 +88,71 @@ def bloom_pipeline_layers(cfg, layout: ParallelLayout | None = None, *, init_see
     return specs
 
 
+def stage_units(cfg, layout: ParallelLayout, specs: list, stage: int) -> range:
+    """The unit indices PipelineModule builds on `stage`, by DeepSpeed's own partition functions
+    (its `_partition_layers`, which needs the process groups). `parameters` counts the parameters of
+    every unit, i.e. builds them all: an empty range (nothing built ahead)."""
+    import regex
+    from deepspeed.runtime import utils as ds_utils
+
+    method = cfg.parallel.partition_method.lower()
+    if method == "uniform":
+        parts = ds_utils.partition_uniform(num_items=len(specs), num_parts=layout.pp)
+    elif method.startswith("type:"):
+        pattern = regex.compile(method.split(":", 1)[1], regex.IGNORECASE)
+        weights = [1 if pattern.search(spec.typename.__name__) else 0 for spec in specs]
+        parts = ds_utils.partition_balanced(weights=weights, num_parts=layout.pp)
+    else:
+        return range(0)
+    return range(parts[stage], parts[stage + 1])
+
+
+def build_stage_units(cfg, layout: ParallelLayout, rank: int) -> dict[int, torch.nn.Module]:
+    """The units `rank` of `layout` will hold, built before any process group exists (the warm
+    standby: trainer/prepared_start.py), by index; the tied embedding once, under both of its
+    indices on a stage that holds both. `build_pipeline_module(..., prebuilt=...)` takes them."""
+    from trainer.parallel.groups import building_as
+
+    _, _, stage = layout.coords_of(rank)
+    with building_as(layout, rank):
+        specs = bloom_pipeline_layers(cfg, layout)
+        built: dict[int, torch.nn.Module] = {}
+        tied: dict[str, torch.nn.Module] = {}
+        for index in stage_units(cfg, layout, specs, stage):
+            spec = specs[index]
+            key = getattr(spec, "key", None)
+            if key is None:
+                built[index] = spec.build()
+            else:
+                built[index] = tied[key] = tied[key] if key in tied else spec.build()
+    return built
+
+
+def with_prebuilt(specs: list, prebuilt: dict[int, torch.nn.Module]) -> list:
+    """The specs, each unit of `prebuilt` handed out by its spec instead of built again; the class
+    name and the tie key stay, so PipelineModule partitions and ties as it would."""
+    ready = []
+    for index, spec in enumerate(specs):
+        if index in prebuilt:
+            spec = copy.copy(spec)
+            spec.build = lambda log=False, module=prebuilt[index]: module
+        ready.append(spec)
+    return ready
+
+
 def build_pipeline_module(cfg, layout: ParallelLayout, *, init_seed: int | None = None,
                           params_dtype: torch.dtype = torch.float32,
                           activation_checkpoint_interval: int | None = None,
-                          partition_method: str | None = None):
+                          partition_method: str | None = None,
+                          prebuilt: dict[int, torch.nn.Module] | None = None):
     """The DeepSpeed PipelineModule of BLOOM for this layout (call initialize_model_parallel first).
 
     Activation checkpointing (cfg.parallel.activation_checkpointing) checkpoints every transformer
     layer (interval 1); only ParallelTransformerLayerPipe units are checkpointed, because
     DeepSpeed's reentrant checkpoint would cut the embedding's gradient (its input is integer ids).
     Build in fp32: the DeepSpeed engine casts the module to bf16 when bf16 is enabled.
+    `prebuilt`: units build_stage_units built for this rank (same config and layout, default seed
+    and dtype); a unit of this stage that is not there is built here.
     """
     import deepspeed
     import torch.distributed as torch_dist
@@ -112,7 +168,8 @@ def build_pipeline_module(cfg, layout: ParallelLayout, *, init_seed: int | None 
     if activation_checkpoint_interval is None:
         activation_checkpoint_interval = 1 if cfg.parallel.activation_checkpointing else 0
     module = PipelineModule(
-        layers=bloom_pipeline_layers(cfg, layout, init_seed=init_seed, params_dtype=params_dtype),
+        layers=with_prebuilt(bloom_pipeline_layers(cfg, layout, init_seed=init_seed, params_dtype=params_dtype),
+                             prebuilt or {}),
         loss_fn=bloom_loss,
         topology=layout.deepspeed_topology(),
         partition_method=partition_method or cfg.parallel.partition_method,

@@ -20,6 +20,7 @@ the groups exist is an error that says so. Multi-rank code (and the gloo tests) 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 
@@ -168,6 +169,21 @@ def initialize_model_parallel(layout: ParallelLayout) -> None:
 def destroy_model_parallel() -> None:
     global _state
     _state = None
+
+
+@contextlib.contextmanager
+def building_as(layout: ParallelLayout, rank: int):
+    """Build layers as `rank` of `layout` before any process group exists (the warm standby,
+    trainer/prepared_start.py): a layer reads only its TP rank and size when built; its collectives
+    look their groups up when they run, after initialize_model_parallel."""
+    global _state
+    if _state is not None:
+        raise RuntimeError("building_as: the model-parallel groups exist already; build the layers with them")
+    _state = _State(layout=layout, rank=rank)
+    try:
+        yield
+    finally:
+        _state = None
 
 
 def model_parallel_is_initialized() -> bool:

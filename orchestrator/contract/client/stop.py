@@ -136,7 +136,14 @@ class Controls:
             print(f"[rank 0] ignoring the checkpoint-interval directive: {exc}", file=sys.stderr, flush=True)
             return
         if directive is not None:
-            self.checkpoint_interval_hours = bounded_interval(directive.interval_hours, *self.interval_bounds)
+            hours = bounded_interval(directive.interval_hours, *self.interval_bounds)
+            if hours != self.checkpoint_interval_hours:
+                print(
+                    f"[rank 0] checkpoint interval now {hours:g} h, from the next save on (the controller's "
+                    f"directive: {directive.reason})",
+                    flush=True,
+                )
+            self.checkpoint_interval_hours = hours
 
     # -- local observations ------------------------------------------------------------------
     def kill_requested(self) -> bool:
