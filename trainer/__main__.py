@@ -27,6 +27,7 @@ Environment overrides (for tests, CI and the controller demo; none is needed in 
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -112,6 +113,10 @@ def main(argv: list[str] | None = None, prepared=None) -> int:
         bloom_kernels.set_attention_impl(cfg.model.attention)
         from trainer.loop import Trainer
 
+        # What the imports left on the heap is never garbage: out of the collector's sight (as in the
+        # warm standby), DeepSpeed's forced collections while it builds the engine see only what
+        # the start creates.
+        gc.freeze()
         try:
             trainer = Trainer(cfg, paths, dist, overrides, heartbeat)  # validates schedules
         except ValueError as exc:
