@@ -34,9 +34,11 @@ def _batches(cfg):
 def _pipeline_worker(rank: int, world: int, tp: int, pp: int, out_path: str) -> None:
     import deepspeed
 
+    from trainer.launch import skip_deepspeed_shm_op
     from trainer.model import build_pipeline_module
     from trainer.parallel import ParallelLayout, get_tp_rank, initialize_model_parallel
 
+    skip_deepspeed_shm_op()  # as the trainer does: training never uses the op it would compile
     layout = ParallelLayout(tp=tp, pp=pp, dp=1, world_size=world)
     initialize_model_parallel(layout)
     cfg = tiny_config(tp=tp, pp=pp, **MODEL)

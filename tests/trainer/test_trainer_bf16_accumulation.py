@@ -73,6 +73,9 @@ def probe(out: str) -> None:
     initialize_model_parallel(layout)
     import deepspeed
 
+    from trainer.launch import skip_deepspeed_shm_op
+
+    skip_deepspeed_shm_op()  # as the trainer does: training never uses the op it would compile
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     module = PipelineModule(layers=[ProbeLayer()], loss_fn=loss_fn, topology=layout.deepspeed_topology(),
                             partition_method="uniform")
