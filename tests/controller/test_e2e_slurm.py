@@ -264,7 +264,10 @@ def test_kill_by_another_operator_then_resume(e2e_run, reference_losses):
         # (the config's 1 h is out of them); saves come only from it (and the kill), not every 4 steps.
         learned = {"interval_steps": 1000, "interval_hours": 1.0, "adaptive_interval": "apply",
                    "min_interval_hours": LEARNED_HOURS, "max_interval_hours": LEARNED_HOURS}
-        cfg, ctl = e2e_run(operators={"group": group, "users": []}, checkpoint=learned)
+        # Steps of at least 0.4 s: the 9 steps after the resume outlast the 1.8 s interval however fast
+        # the machine is (on an idle one the 12 steps took less than 1.8 s, and no save was on time).
+        cfg, ctl = e2e_run(operators={"group": group, "users": []}, checkpoint=learned,
+                           env_extra={"TRAINER_STEP_DELAY_SECONDS": "0.4"})
         submit_job(ctl.paths.root, cfg, ctl.scheduler, reason="initial")
         ctl.start()  # sets control/ to the operators' group
         killed = {}
