@@ -4,8 +4,8 @@
   config. The training-health policy judges with it.
 - `JobView`: a RunView with the running job: its beats, the assessment of them, the nodes
   excluded and where each rank runs. Every watcher of the running job answers
-  `on_pass(view) -> list[Action]` (stragglers.py, stalls.py, probing.py) and the incident policy
-  judges its findings with it (policy.on_findings).
+  `on_pass(view) -> list[Action]` (stragglers.py, stalls.py; probing.py also takes the scheduler's
+  probe step) and the incident policy judges its findings with it (policy.on_findings).
 
 One shape means a new fault class reads what the pass saw from here, instead of growing its own
 argument list through the supervisor (docs/architecture.md, "How to add a fault class"). The
