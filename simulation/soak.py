@@ -10,7 +10,8 @@ exit 1, no node to blame); 12% network (switch/cable, NIC, NCCL watchdog: a coll
 watchdog turns the hang into an abort of every rank: NCCL_* below);
 17% host (maintenance, PSU, chassis, CPU, memory, SSD): the node is lost (it stops answering,
 SLURM declares it DOWN after SlurmdTimeout) or frozen (a driver or kernel hang that stops its
-processes while the node answers: SLURM never notices), HOST_FROZEN_SHARE of them. Either way its
+processes while the node answers: SLURM never notices), HOST_FROZEN_SHARE of them
+(orchestrator/plan/restart_paths.py: 4 of Table 5's 44 host rows). Either way its
 peers go on to the next collective that needs it and wait there (the other replicas compute on
 until the step's gradient reduce). The controller asks the silent node (controller/probe.py):
 the world answers as /proc would (world.World._probe): a lost node does not answer, a frozen
@@ -41,7 +42,7 @@ from typing import Any
 
 from orchestrator.contract import failure_events as fev
 from orchestrator.plan.planner import goodput, plan_run
-from orchestrator.plan.restart_paths import FAULT_SHARES
+from orchestrator.plan.restart_paths import FAULT_SHARES, HOST_FROZEN_SHARE
 
 from .harness import Harness, bloom_config
 from .scenarios import bound_seconds
@@ -63,9 +64,6 @@ FAULT_MIX = [  # (kind, share, what the simulation does, bound key)
     ),
     ("host", FAULT_SHARES["host"], "a node is lost or frozen: its 8 ranks stop beating", "dead_rank"),
 ]
-# Assumed (no published split): half of the host faults leave the node answering with its
-# processes stopped (a GPU driver or kernel hang), half take it away (power, a kernel panic).
-HOST_FROZEN_SHARE = 0.5
 
 
 BOUND_OF = {kind: bound for kind, _, _, bound in FAULT_MIX}
@@ -293,15 +291,17 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
     probes = h.events_named("node_probed")
     answered: set[int] = set()
     for fault in real:  # the first answer of the faulty node's probe, and how long after the fault
-        answer = next((i for i, e in enumerate(probes) if e[2].job_id == fault["job_id"]
-                       and e[2].node == fault["node"] and e[0] >= fault["t"]), None)  # fmt: skip
-        if fault["node"] and answer is not None:
-            answered.add(answer)
-            fault["probed_after_seconds"] = round(probes[answer][1] - fault["t"], 1)
-            fault["probe_verdict"] = probes[answer][2].verdict
-    # Every probe's verdict: of a node an injected fault stopped, or of one without (a storage stall).
+        mine = [i for i, e in enumerate(probes) if e[2].job_id == fault["job_id"]
+                and e[2].node == fault["node"] and e[0] >= fault["t"]]  # fmt: skip
+        if fault["node"] and mine:
+            answered.update(mine)
+            fault["probed_after_seconds"] = round(probes[mine[0]][1] - fault["t"], 1)
+            fault["probe_verdict"] = probes[mine[-1]][2].verdict
+    # Every probe's verdict: of a node an injected fault stopped, or of one without (a storage
+    # stall, or a beat late: an early answer, which decides nothing but "lost").
     probe_verdicts = dict(collections.Counter(
-        f"{'fault' if i in answered else 'no fault'}: {e[2].verdict}" for i, e in enumerate(probes)
+        f"{'fault' if i in answered else 'no fault'}: {e[2].verdict}{' (early)' if e[2].early else ''}"
+        for i, e in enumerate(probes)
     ))  # fmt: skip
     restart_hours = statistics.fmean(costs) / 3600 if costs else 0.0
     saves = _save_durations(h)

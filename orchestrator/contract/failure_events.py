@@ -14,7 +14,9 @@ from .event_base import Event
 @dataclass(frozen=True, kw_only=True)
 class NodeProbed(Event):
     """A node whose every rank went silent while the job ran was asked (controller/probe.py):
-    `verdict` lost, dead, stall or undecided, `why` in words, `ranks` rank -> process state."""
+    `verdict` lost, dead, stall or undecided, `why` in words, `ranks` rank -> process state.
+    `early`: asked after one late beat; such an answer decides nothing but "lost" until the node,
+    still silent, is asked again (controller/probing.py)."""
 
     KIND = "node_probed"
     job_id: str
@@ -23,6 +25,7 @@ class NodeProbed(Event):
     why: str
     fs_answers: bool | None = None
     ranks: dict[str, str] = field(default_factory=dict)
+    early: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

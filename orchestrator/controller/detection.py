@@ -32,7 +32,8 @@ node's. Rules, for the ranks of the current incarnation of the job that is runni
 - a silent node that was asked (`probed`, controller/probe.py) is judged by its answer instead:
   unreachable, dead now (lost); a rank stopped or running without beats, dead at `dead_after`;
   a rank in D or its filesystem not answering, a stall up to `stall_tolerance`; undecided, the
-  rules above. `Assessment.silent_hosts` lists the nodes to ask.
+  rules above. `Assessment.quiet_hosts` lists the nodes to ask (`ask_after`), `silent_hosts` those
+  whose early answer is to be confirmed.
 One incident is one incident: when at least half of the ranks are dead at once, the job, the
 filesystem or the network is suspected, not N nodes (`Assessment.job_wide`), and the nodes blamed
 by one incident are capped (`culprit_nodes`).
@@ -99,7 +100,9 @@ class Assessment:
     suspects_why: str = ""
     # The marks alone name the suspects: they were in their own work while the others waited.
     suspects_sure: bool = False
-    # Nodes none of whose ranks beat for `silent_after` (to ask: probing.py).
+    # Nodes none of whose ranks beat for `ask_after` (asked: probing.py), and those of them silent
+    # for `silent_after` (an early answer is asked again then).
+    quiet_hosts: list[str] = field(default_factory=list)
     silent_hosts: list[str] = field(default_factory=list)
 
     @property
@@ -164,6 +167,7 @@ def assess(
     timeouts: PhaseTimeouts,
     stall_tolerance: float = 0.0,
     probed: dict[str, Verdict] | None = None,
+    ask_after: float | None = None,
 ) -> Assessment:
     """One supervision pass over the current incarnation's ranks (a plain loop: ~1 us per rank).
     `now`, `job_seen_at` and every time in `views` are on the controller's monotonic clock."""
@@ -229,6 +233,8 @@ def assess(
             widest_limit = limit
         if now - changed > limit and beat.progress_unit != wait:
             findings.append(Finding(Cause.HANG, rank, host, phase.value, step, now - changed, limit))
+    ask_after = silent_after if ask_after is None else min(ask_after, silent_after)
+    result.quiet_hosts = sorted(host for host, age in freshest.items() if age > ask_after)
     result.silent_hosts = sorted(host for host, age in freshest.items() if age > silent_after)
     if over:
         silent = (

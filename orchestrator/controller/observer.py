@@ -32,7 +32,7 @@ from . import jobs
 from .detection import Assessment, assess
 from .memory import Memory
 from .reporter import Reporter
-from .timeouts import PhaseTimeouts, silent_after
+from .timeouts import PhaseTimeouts, probe_after, silent_after
 
 
 class Observer:
@@ -166,6 +166,7 @@ class Observer:
             timeouts=memory.timeouts,
             stall_tolerance=watchdog.stall_tolerance_seconds,
             probed=memory.prober.verdicts(running.job_id),
+            ask_after=probe_after(watchdog),
         )
         memory.node_beat_age = assessment.host_beat_age
         return assessment

@@ -1,10 +1,16 @@
-"""When a whole node goes silent while the job runs, ask it once (probe.py) and remember the
-verdict until the node beats again: detection.assess takes the verdicts (`verdicts`) and
-decides with them between "frozen" and "storage stall" instead of waiting out the tolerance.
+"""When a whole node goes quiet while the job runs, ask it (probe.py) and remember the verdict
+until the node beats again: detection.assess takes the verdicts (`verdicts`) and decides with
+them between "lost", "frozen" and "storage stall" instead of waiting out the tolerance.
 
-The step runs inside the job's allocation (`srun --overlap`), bounded by PROBE_TIMEOUT_SECONDS,
-once per silent node per incident, at most MAX_ASKED_PER_PASS nodes a pass: a controller pass waits
-for them at most that long. A probe that could not be made because slurmctld does not answer
+A node is asked as soon as it is quiet (`Assessment.quiet_hosts`: a beat missed by more than a
+pass, timeouts.probe_after), so that a lost or frozen node is known within seconds. "Lost" (no
+answer) is final. Any other early answer is a heads-up, not yet a verdict: a node that misses one
+beat may be in a hiccup that ends, or one that turns into a storage stall, so it is asked once
+more when it has been silent for `silent_after` (`Assessment.silent_hosts`), and that answer
+decides. So a node is asked at most twice per incident, never once a pass.
+
+The step runs inside the job's allocation (`srun --overlap`), bounded by PROBE_TIMEOUT_SECONDS, at
+most MAX_ASKED_PER_PASS nodes a pass: a controller pass waits for them at most that long. A probe that could not be made because slurmctld does not answer
 (SchedulerError) says nothing of the node: no verdict, the node is asked again on a later pass.
 Nobody is asked when every node is silent: that is the filesystem (a full or stalled one answers
 a stat and leaves the ranks running), not N frozen nodes. A scheduler without `probe_node` (the
@@ -18,38 +24,48 @@ from dataclasses import dataclass, field
 
 from orchestrator.contract import failure_events as fev
 from orchestrator.errors import SchedulerError
+from orchestrator.plan.restart_paths import PROBE_TIMEOUT_SECONDS
 
 from . import probe
 from .actions import Action, Record
 from .pass_view import JobView
 
-PROBE_TIMEOUT_SECONDS = 10.0
 MAX_ASKED_PER_PASS = 2
 FS_SECONDS = 3.0  # the stat of the run directory must answer within this (inside the timeout)
 
 
+@dataclass(frozen=True)
+class Answer:
+    verdict: probe.Verdict
+    settled: bool  # lost, or given when the node had been silent for silent_after: it decides
+
+
 @dataclass
 class NodeProber:
-    asked: dict[tuple[str, str], probe.Verdict] = field(default_factory=dict)  # (job, node) -> verdict
+    asked: dict[tuple[str, str], Answer] = field(default_factory=dict)  # (job, node) -> its answer
 
     def verdicts(self, job_id: str) -> dict[str, probe.Verdict]:
-        return {node: v for (job, node), v in self.asked.items() if job == job_id}
+        """The answers that decide (settled ones); an early heads-up decides nothing yet."""
+        return {node: a.verdict for (job, node), a in self.asked.items() if job == job_id and a.settled}
 
     def on_pass(
         self, view: JobView, ask: Callable[[str, str, str, float], str | None] | None
     ) -> list[Action]:
-        """Forget the nodes that beat again; ask each newly silent one. `ask(job, node, script,
-        timeout)` runs the probe step (None: no way to ask). Every node of the job silent: nobody
-        is asked, and the verdicts already given are dropped."""
+        """Forget the nodes that beat again; ask each newly quiet one, and each whose early answer
+        is to be confirmed now that it is silent. `ask(job, node, script, timeout)` runs the probe
+        step (None: no way to ask). Every node of the job quiet: nobody is asked, and the verdicts
+        already given are dropped."""
         job_id, beats, node_of, run_dir = view.job.job_id, view.beats, view.node_of, view.run_dir
-        silent, hosts = set(view.assessment.silent_hosts), len(view.assessment.host_beat_age)
-        for key in [k for k in self.asked if k[0] != job_id or k[1] not in silent or len(silent) >= hosts]:
+        silent = set(view.assessment.silent_hosts)
+        quiet, hosts = set(view.assessment.quiet_hosts) | silent, len(view.assessment.host_beat_age)
+        for key in [k for k in self.asked if k[0] != job_id or k[1] not in quiet or len(quiet) >= hosts]:
             del self.asked[key]
-        if ask is None or len(silent) >= hosts:
+        if ask is None or len(quiet) >= hosts:
             return []
         actions: list[Action] = []
-        for host in sorted(silent):
-            if (job_id, host) in self.asked:
+        for host in sorted(quiet):
+            answer = self.asked.get((job_id, host))
+            if answer is not None and (answer.settled or host not in silent):
                 continue
             if len(actions) >= MAX_ASKED_PER_PASS:
                 break
@@ -64,7 +80,8 @@ class NodeProber:
                 break  # slurmctld does not answer: nothing learned of any node; asked on a later pass
             report = probe.parse(node, output)
             verdict, why = probe.verdict(report)
-            self.asked[(job_id, host)] = verdict
+            answer = Answer(verdict, verdict is probe.Verdict.LOST or host in silent)
+            self.asked[(job_id, host)] = answer
             ranks = {str(r): s.value for r, s in sorted(report.ranks.items())}
             event = fev.NodeProbed(
                 job_id=job_id,
@@ -73,6 +90,7 @@ class NodeProber:
                 why=why,
                 fs_answers=report.fs_answers,
                 ranks=ranks,
+                early=host not in silent,
             )
             actions.append(Record(event))
         return actions

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.contract import Phase
+from orchestrator.plan.restart_paths import PROBE_AFTER_POLLS
 
 from .liveness import RankView
 
@@ -106,3 +107,13 @@ def silent_after(watchdog: Any) -> float:
     then (its progress cannot be seen; dead_after decides), and its progress timer starts again
     when its beats come back. Two beats and two passes: one late beat is not silence."""
     return min(watchdog.dead_after_seconds, 2 * (watchdog.heartbeat_seconds + watchdog.poll_seconds))
+
+
+def probe_after(watchdog: Any) -> float:
+    """How long a whole node may be quiet before the controller asks it (probing.py): a beat late by
+    half a pass more than the pass that sees it (a beat's age, seen at pass resolution, stays under
+    heartbeat + poll while it beats). Asked then, a frozen node is known within 30 s at BLOOM's
+    10 s beats and 5 s passes (17.5 s, the next pass, the step), a lost one a probe timeout later;
+    what it answers this early is asked again at `silent_after` before it decides anything but
+    "lost"."""
+    return min(silent_after(watchdog), watchdog.heartbeat_seconds + PROBE_AFTER_POLLS * watchdog.poll_seconds)

@@ -35,8 +35,11 @@ The loads (bytes / bandwidth; every node reads in parallel, so the slowest reade
 - then every rank hashes its shard against the manifest at `hash_gb_per_second_per_rank` (1.45 GB/s
   measured, one core), whatever the copy: a copy is trusted only once it verifies.
 Detection, before any of it (the controller's bounds, configs' watchdog): a crash is seen at the
-next pass (poll_seconds), a hang at floor + heartbeat + 2 polls, a lost node at dead_after + 2 polls;
-weighted by the published fault mix (Llama 3, Table 5, grouped: simulation/soak.py injects it).
+next pass (poll_seconds), a hang at floor + heartbeat + 2 polls; a host fault by the probe of the
+quiet node (controller/probing.py): a lost node when its probe, asked a beat and a half-pass late
+and a pass after that, times out, then a pass; a frozen one (HOST_FROZEN_SHARE) at dead_after + 2
+polls; weighted by the published fault mix (Llama 3, Table 5, grouped: simulation/soak.py injects
+it).
 Not counted: the controller's decision and the launcher's step kill (a pass, ~1 s each).
 """
 
@@ -48,6 +51,15 @@ from typing import Any
 
 # Llama 3's interruptions by class (Dubey et al. 2024, Table 5, grouped), and how each is noticed.
 FAULT_SHARES = {"gpu": 0.58, "software": 0.13, "network": 0.12, "host": 0.17}
+# The host rows of Llama 3's Table 5: host maintenance 32, SSD 3, power supply 3, server chassis 2,
+# CPU 2, system memory 2. Maintenance, power and chassis take the node away, and a failed SSD gets
+# it drained: lost. A CPU or memory error may instead hang the processes while the node answers:
+# frozen, at most those 4 of 44 (our reading of the table; it says nothing of how a node failed).
+HOST_FROZEN_SHARE = 4 / 44
+# The controller's probe of a quiet node (controller/timeouts.probe_after and probing.py use these):
+# asked once a beat is half a pass later than a pass can see, bounded by this many seconds when the
+# node does not answer.
+PROBE_AFTER_POLLS, PROBE_TIMEOUT_SECONDS = 1.5, 10.0
 IMPORT_SECONDS = 45.0  # of a cold start: srun to the first beat (python imports from GPFS)
 STANDBY_GO_SECONDS = 0.2  # the warm standby polls its go file this often (trainer/standby.py)
 
@@ -86,6 +98,9 @@ class RestartPaths:
             else checkpoint_bytes / cfg.checkpoint.save_seconds
         )
         beat_and_polls = w.heartbeat_seconds + 2 * w.poll_seconds
+        probe_after = w.heartbeat_seconds + PROBE_AFTER_POLLS * w.poll_seconds
+        lost = probe_after + w.poll_seconds + PROBE_TIMEOUT_SECONDS + w.poll_seconds
+        frozen = w.dead_after_seconds + 2 * w.poll_seconds
         return cls(
             checkpoint_bytes=int(checkpoint_bytes), ranks=c.gpus, nodes=c.nodes,
             spares=c.spare_nodes if spares is None else spares,
@@ -100,7 +115,7 @@ class RestartPaths:
             detection_seconds_by_class={
                 "gpu": w.poll_seconds, "software": w.poll_seconds,
                 "network": w.progress_floor_seconds.step + beat_and_polls,
-                "host": w.dead_after_seconds + 2 * w.poll_seconds,
+                "host": (1 - HOST_FROZEN_SHARE) * lost + HOST_FROZEN_SHARE * frozen,
             },
         )  # fmt: skip
 

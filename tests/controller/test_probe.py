@@ -74,9 +74,11 @@ def test_a_frozen_node_is_dead_at_dead_after_a_stalled_one_waits_a_lost_one_is_d
     assert _dead_at({"node02": Verdict.UNDECIDED})[0] is None, "undecided: today's rule"
 
 
-def silent(hosts: list[str], beats) -> object:
-    """A pass of job 7 on 4 nodes (each rank's host is its node) in which `hosts` went silent."""
-    return job_view(beats=beats, silent_hosts=hosts, host_beat_age={f"node0{i}": 0.0 for i in range(1, 5)})
+def silent(hosts: list[str], beats, quiet: list[str] = ()) -> object:
+    """A pass of job 7 on 4 nodes (each rank's host is its node) in which `hosts` went silent
+    (`quiet`: only quiet, an early answer's time)."""
+    return job_view(beats=beats, silent_hosts=hosts, quiet_hosts=sorted({*hosts, *quiet}),
+                    host_beat_age={f"node0{i}": 0.0 for i in range(1, 5)})
 
 
 def test_each_silent_node_is_asked_once_per_incident():
@@ -100,6 +102,28 @@ def test_each_silent_node_is_asked_once_per_incident():
     assert asked == ["node02", "node02"] and prober.verdicts("7") == {}
     several = NodeProber().on_pass(silent(["node01", "node02", "node03"], beats), ask)
     assert len(several) == 2, "at most MAX_ASKED_PER_PASS a pass (the next pass asks the rest)"
+
+
+def test_a_quiet_node_is_asked_early_and_asked_again_when_silent_unless_lost():
+    """A node that missed a beat is asked at once: "lost" decides now; any other early answer
+    decides nothing until the node, silent for silent_after, answers again (a hiccup that became a
+    storage stall is seen as one). Three passes silent after that: still two asks in all."""
+    answers = {"node02": ["rank 1 101 R\nfs ok\n", "rank 1 101 D\nfs stuck\n"], "node03": [None]}
+    asked = []
+
+    def ask(job, node, script, timeout):
+        asked.append(node)
+        return answers[node].pop(0)
+
+    prober = NodeProber()
+    beats = [beat(r, 1) for r in range(4)]
+    early = prober.on_pass(silent([], beats, quiet=["node02", "node03"]), ask)
+    assert [a.event.verdict for a in early] == ["dead", "lost"] and asked == ["node02", "node03"]
+    assert prober.verdicts("7") == {"node03": Verdict.LOST}, "an early 'running' is no verdict yet"
+    for _ in range(3):
+        prober.on_pass(silent(["node02", "node03"], beats), ask)
+    assert asked == ["node02", "node03", "node02"], "asked again once silent; lost is not asked again"
+    assert prober.verdicts("7") == {"node02": Verdict.STALL, "node03": Verdict.LOST}
 
 
 def test_a_probe_slurmctld_could_not_make_is_no_verdict_and_is_asked_again():

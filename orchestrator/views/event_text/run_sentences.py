@@ -234,6 +234,8 @@ def _(e: fev.RelaunchNotPossible) -> str:
 
 @says(fev.NodeProbed)
 def _(e: fev.NodeProbed) -> str:
+    if e.early and e.verdict != "lost":
+        return f"asked {e.node}, a beat late in job {e.job_id}: {e.verdict} ({e.why}); asked again if it stays silent"
     return f"asked {e.node}, silent in job {e.job_id}: {e.verdict} ({e.why})"
 
 
