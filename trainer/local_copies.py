@@ -33,6 +33,7 @@ import socket
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from orchestrator.contract import CHECKPOINT_NAME_FORMAT, MANIFEST_NAME, step_of
 
@@ -78,6 +79,28 @@ def _private_dir(path: Path) -> Path:
     return path
 
 
+class IncomingFile:
+    """A file written chunk by chunk under a temporary name beside its place, moved there only
+    when it is complete (a copy that stopped half-way is never mistaken for one)."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        self.tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")  # two ranks of a node may fetch one file
+        self.handle = open(self.tmp, "wb")
+
+    def write(self, chunk: memoryview) -> None:
+        self.handle.write(chunk)
+
+    def finish(self, complete: bool) -> None:
+        try:
+            self.handle.close()
+            if complete:
+                os.replace(self.tmp, self.target)
+        finally:
+            if not complete:
+                self.tmp.unlink(missing_ok=True)
+
+
 @dataclass(frozen=True)
 class LocalStore:
     """One node's local copies of one job's checkpoints."""
@@ -118,14 +141,11 @@ class LocalStore:
     def path(self, step: int, kind: str, rel: str) -> Path:
         return self.step_dir(step) / kind / rel
 
-    def write_file(self, step: int, kind: str, rel: str, data: bytes | memoryview) -> Path:
+    def incoming(self, step: int, kind: str, rel: str) -> IncomingFile:
+        """A file to be written chunk by chunk (trainer/peer_replica.py): it takes its place only once complete."""
         target = self.path(step, kind, rel)
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")  # two ranks of a node may fetch one file
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, target)
-        return target
+        return IncomingFile(target)
 
     def copy_in(self, step: int, kind: str, rel: str, source: Path) -> Path:
         target = self.path(step, kind, rel)
@@ -165,13 +185,10 @@ class LocalStore:
                         held[str(path.relative_to(root))] = kind
         return held
 
-    def read_held(self, step: int, kind: str, rel: str) -> bytearray | None:
-        """A copy's bytes in a buffer of their own (sent as a tensor over it, without a copy)."""
+    def open_held(self, step: int, kind: str, rel: str) -> BinaryIO | None:
+        """A copy opened for reading (the caller closes it), or None."""
         try:
-            with open(self.path(step, kind, rel), "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                data = bytearray(size)
-                return data if handle.readinto(data) == size else None
+            return open(self.path(step, kind, rel), "rb")
         except OSError:
             return None
 

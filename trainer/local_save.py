@@ -26,7 +26,7 @@ import torch.distributed as tdist
 
 from orchestrator.contract import MANIFEST_NAME, Mark, sha256_file
 from orchestrator.contract.client.progress import sha256_counted
-from trainer.local_copies import OWN, PEER, LocalCopyError, LocalStore, buddy_ranks, node_name
+from trainer.local_copies import OWN, PEER, IncomingFile, LocalCopyError, LocalStore, buddy_ranks, node_name
 from trainer.peer_replica import Transfer, run_transfers
 from trainer.progress_io import save_counted
 
@@ -106,8 +106,8 @@ class LocalCopies:
                     self._copy_in(step, rel, ckpt_dir / rel, entries[rel])
         transfers = self._replica_transfers(owners, entries, group)
         if group is not None and transfers:
-            run_transfers(transfers, group, lambda t: self._read_own(step, t.rel),
-                          lambda t, data: self._keep_replica(step, t.rel, data))
+            run_transfers(transfers, group, lambda t: self.store.open_held(step, OWN, t.rel),
+                          lambda t: self._replica_sink(step, t.rel))
         if group is not None:
             tdist.barrier(group=group)  # every replica of this node is in place before it is sealed
         try:
@@ -150,13 +150,9 @@ class LocalCopies:
                           if rel in entries and owners.get(rel) == rank]
         return transfers
 
-    def _read_own(self, step: int, rel: str) -> bytearray | None:
-        return self.store.read_held(step, OWN, rel)
-
-    def _keep_replica(self, step: int, rel: str, data: memoryview | None) -> None:
-        if data is None:
-            return
+    def _replica_sink(self, step: int, rel: str) -> IncomingFile | None:
         try:
-            self.store.create().write_file(step, PEER, rel, data)
+            return self.store.create().incoming(step, PEER, rel)
         except (OSError, LocalCopyError) as exc:
             print(f"[checkpoint] rank {self.rank}: no buddy replica of {rel}: {exc}", file=sys.stderr, flush=True)
+            return None

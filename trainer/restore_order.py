@@ -28,9 +28,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import torch.distributed as tdist
 
@@ -43,7 +45,15 @@ from orchestrator.contract import (
     sha256_file,
 )
 from trainer.checkpoint_format import dist_world, gather_to_all
-from trainer.local_copies import FETCHED, OWN, RESTORE_PREFIX, LocalCopyError, LocalStore, node_name
+from trainer.local_copies import (
+    FETCHED,
+    OWN,
+    RESTORE_PREFIX,
+    IncomingFile,
+    LocalCopyError,
+    LocalStore,
+    node_name,
+)
 from trainer.peer_replica import Transfer, run_transfers
 
 LOCAL, FROM_PEER, SHARED = "local", "peer", "shared"  # where a file read at the restore came from
@@ -190,8 +200,8 @@ def prepare(cfg, run_dir: Path, shared_dir: Path, job_id: str, engine, step: int
         # 2. a fetch from the next node that holds it (the same plan on every rank)
         transfers = _plan_fetches(everyone, entries)
         if transfers:
-            fetched_bytes += run_transfers(transfers, group, lambda t: _read_held(store, step, t.rel),
-                                           lambda t, data: _keep_fetched(store, step, t.rel, data))
+            fetched_bytes += run_transfers(transfers, group, lambda t: _open_held(store, step, t.rel),
+                                           lambda t: _fetched_sink(store, step, t.rel))
             tdist.barrier(group=group)
             for t in transfers:
                 if t.dst == rank:
@@ -265,14 +275,17 @@ def _by_node(everyone: list) -> dict[str, tuple]:
     return out
 
 
-def _read_held(store: LocalStore, step: int, rel: str) -> bytearray | None:
+def _open_held(store: LocalStore, step: int, rel: str) -> BinaryIO | None:
     kind = store.holdings(step).get(rel)
-    return None if kind is None else store.read_held(step, kind, rel)
+    return None if kind is None else store.open_held(step, kind, rel)
 
 
-def _keep_fetched(store: LocalStore, step: int, rel: str, data: memoryview | None) -> None:
-    if data is not None:
-        store.write_file(step, FETCHED, rel, data)
+def _fetched_sink(store: LocalStore, step: int, rel: str) -> IncomingFile | None:
+    try:
+        return store.incoming(step, FETCHED, rel)
+    except OSError as exc:  # not kept: the file is not resolved and the next copy in order is used
+        print(f"[restore] cannot keep {rel} fetched from a peer: {exc}", file=sys.stderr, flush=True)
+        return None
 
 
 def _link_restore_folder(store: LocalStore, step: int, rank: int, entries: dict, manifest_text: str,

@@ -19,6 +19,7 @@ import json
 import math
 import shutil
 import time
+from pathlib import Path
 
 from orchestrator.contract import ExitCode, RunPaths, read_heartbeats
 from orchestrator.contract.allocation import Allocation, StandbyGo, write_allocation, write_standby_go
@@ -127,3 +128,110 @@ def test_buddies_are_other_nodes_in_other_failure_domains():
     # one domain only: still another node, never itself
     assert buddy_nodes(["n1", "n2"], offset=2, failure_domains=[["n1", "n2"]]) == {"n1": "n2", "n2": "n1"}
     assert buddy_ranks(["a", "a", "b", "b"]) == {0: 2, 1: 3, 2: 0, 3: 1}
+
+
+# -- chunked transfers over a real gloo group -------------------------------------------------------
+CHUNK = 1000  # bytes: a file of 10.5 KB moves in 11 chunks
+FILES = {"big.pt": 10_500, "exact.pt": 3_000, "empty.pt": 0, "halfway.pt": 4_200, "after.pt": 2_345}
+
+
+class _CountedReads:
+    """A source that records the size of every read; after `fail_after` reads, an I/O error (a
+    sender that fails mid-file)."""
+
+    def __init__(self, handle, sizes: list[int], fail_after: int | None = None) -> None:
+        self.handle, self.sizes, self.fail_after, self.reads = handle, sizes, fail_after, 0
+
+    def readinto(self, view) -> int:
+        if self.fail_after is not None and self.reads >= self.fail_after:
+            raise OSError("disk gone")
+        self.reads += 1
+        self.sizes.append(len(view))
+        return self.handle.readinto(view)
+
+    def seek(self, *args) -> int:
+        return self.handle.seek(*args)
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+class _CountedWrites:
+    def __init__(self, sink, sizes: list[int]) -> None:
+        self.sink, self.sizes = sink, sizes
+
+    def write(self, chunk) -> None:
+        self.sizes.append(len(chunk))
+        self.sink.write(chunk)
+
+    def finish(self, complete: bool) -> None:
+        self.sink.finish(complete)
+
+
+def _transfer_ranks(rank: int, root: Path) -> None:
+    """Three ranks, each holding its own bytes of every file of FILES; the same list on each."""
+    from trainer.local_copies import OWN, PEER, LocalStore
+    from trainer.peer_replica import Transfer, run_transfers, schedule_rounds
+
+    store = LocalStore.of(root / "shm", root, "7", f"node{rank}").create()
+    for rel, size in FILES.items():
+        store.path(1, OWN, rel).parent.mkdir(parents=True, exist_ok=True)
+        store.path(1, OWN, rel).write_bytes(bytes((rank * 7 + i) % 251 for i in range(size)))
+    transfers = [Transfer(0, 1, "big.pt", FILES["big.pt"]),  # round 1: three files at once, a ring
+                 Transfer(1, 2, "empty.pt", 0),
+                 Transfer(2, 0, "gone.pt", 77),  # the sender has no such file: header -1
+                 Transfer(0, 2, "halfway.pt", FILES["halfway.pt"]),  # round 2: the 4th read of 5 fails
+                 Transfer(2, 1, "exact.pt", FILES["exact.pt"] + 1),  # not the manifest's size: -1
+                 Transfer(1, 0, "exact.pt", FILES["exact.pt"]),  # a whole number of chunks
+                 Transfer(2, 0, "after.pt", FILES["after.pt"])]  # round 3: the pairs are still in step
+    assert [len(batch) for batch in schedule_rounds(transfers)] == [3, 3, 1]
+    reads, writes = [], []
+
+    def source(t):
+        handle = store.open_held(1, OWN, t.rel)
+        return handle and _CountedReads(handle, reads, 3 if t.rel == "halfway.pt" else None)
+
+    received = run_transfers(transfers, None, source,
+                             lambda t: _CountedWrites(store.incoming(1, PEER, t.rel), writes), chunk_bytes=CHUNK)
+    (root / f"rank{rank}.json").write_text(json.dumps({"received": received, "reads": reads, "writes": writes}))
+
+
+def _gloo_rank(rank: int, world: int, port: int, root: str) -> None:
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # a transfer that loses step hangs in a receive: the group's timeout fails the test instead
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    try:
+        _transfer_ranks(rank, Path(root))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_transfers_move_files_in_chunks_a_rank_holds_at_most_one_of(tmp_path):
+    import torch.multiprocessing as mp
+
+    # forked, not spawned: the ranks compute nothing and need no fresh interpreter (1.3 s, not 3.9 s)
+    mp.start_processes(_gloo_rank, args=(3, launch_local.free_port(), str(tmp_path)), nprocs=3,
+                       start_method="fork")
+    step = tmp_path / "shm" / run_key(tmp_path) / "7"
+
+    def held(node: int, kind: str, rel: str) -> Path:
+        return step / f"node{node}" / "step_0000001" / kind / rel
+
+    for node, rel, sender in ((1, "big.pt", 0), (2, "empty.pt", 1), (0, "exact.pt", 1), (0, "after.pt", 2)):
+        assert held(node, "peer", rel).read_bytes() == held(sender, "own", rel).read_bytes(), (node, rel)
+    assert held(2, "peer", "empty.pt").stat().st_size == 0
+    assert not held(0, "peer", "gone.pt").exists() and not held(1, "peer", "exact.pt").exists()
+    # 3 of 5 chunks arrived: dropped, never kept half, and no temporary file left behind
+    assert sorted(p.name for p in held(2, "peer", "").iterdir()) == ["empty.pt"]
+    report = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    assert [r["received"] for r in report] == [FILES["exact.pt"] + FILES["after.pt"], FILES["big.pt"], 0]
+    assert report[1]["writes"] == [CHUNK] * 10 + [500]  # big.pt, chunk by chunk
+    assert report[0]["writes"] == [CHUNK] * 3 + [CHUNK, CHUNK, 345]  # exact.pt, then after.pt
+    # no read or write of more than a chunk, whatever the file's size: the buffers run_transfers
+    # holds are those chunks (two a side)
+    assert max(n for r in report for n in r["reads"] + r["writes"]) == CHUNK
