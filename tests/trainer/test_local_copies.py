@@ -222,16 +222,16 @@ def test_transfers_move_files_in_chunks_a_rank_holds_at_most_one_of(tmp_path):
     def held(node: int, kind: str, rel: str) -> Path:
         return step / f"node{node}" / "step_0000001" / kind / rel
 
+    report = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    assert report[1]["writes"] == [CHUNK] * 10 + [500]  # big.pt, chunk by chunk
+    assert report[0]["writes"] == [CHUNK] * 3 + [CHUNK, CHUNK, 345]  # exact.pt, then after.pt
+    # no read or write of more than a chunk, whatever the file's size: the buffers run_transfers
+    # holds are those chunks (two a side)
+    assert max(n for r in report for n in r["reads"] + r["writes"]) == CHUNK
+    assert [r["received"] for r in report] == [FILES["exact.pt"] + FILES["after.pt"], FILES["big.pt"], 0]
     for node, rel, sender in ((1, "big.pt", 0), (2, "empty.pt", 1), (0, "exact.pt", 1), (0, "after.pt", 2)):
         assert held(node, "peer", rel).read_bytes() == held(sender, "own", rel).read_bytes(), (node, rel)
     assert held(2, "peer", "empty.pt").stat().st_size == 0
     assert not held(0, "peer", "gone.pt").exists() and not held(1, "peer", "exact.pt").exists()
     # 3 of 5 chunks arrived: dropped, never kept half, and no temporary file left behind
     assert sorted(p.name for p in held(2, "peer", "").iterdir()) == ["empty.pt"]
-    report = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
-    assert [r["received"] for r in report] == [FILES["exact.pt"] + FILES["after.pt"], FILES["big.pt"], 0]
-    assert report[1]["writes"] == [CHUNK] * 10 + [500]  # big.pt, chunk by chunk
-    assert report[0]["writes"] == [CHUNK] * 3 + [CHUNK, CHUNK, 345]  # exact.pt, then after.pt
-    # no read or write of more than a chunk, whatever the file's size: the buffers run_transfers
-    # holds are those chunks (two a side)
-    assert max(n for r in report for n in r["reads"] + r["writes"]) == CHUNK
