@@ -205,6 +205,7 @@ def _open_checked(open_source: Callable[[Transfer], BinaryIO | None], t: Transfe
 def _run_round(out: Transfer | None, into: Transfer | None, group, open_source, open_sink,
                buffers: _Buffers) -> int:
     source = _open_checked(open_source, out) if out is not None else None
+    receiving = None
     try:
         pending = []
         if out is not None:
@@ -216,14 +217,17 @@ def _run_round(out: Transfer | None, into: Transfer | None, group, open_source, 
         for work in pending:
             work.wait()
         sending = _Outgoing(out, source, buffers) if source is not None else None
-        receiving = None
         if into is not None and int(header_in.item()) >= 0:
             receiving = _Incoming(into, open_sink(into), buffers)
         _stream(sending, receiving, group)
-        return receiving.finish() if receiving is not None else 0
+        got = receiving.finish() if receiving is not None else 0
+        receiving = None
+        return got
     finally:
         if source is not None:
             source.close()
+        if receiving is not None and receiving.sink is not None:  # the group failed mid-file (a peer died)
+            receiving.sink.finish(False)
 
 
 def _stream(out: _Outgoing | None, into: _Incoming | None, group) -> None:
