@@ -2,7 +2,8 @@
 
     with StallableMount(directory, namespace_pid=slurmd_pid) as mount:
         mount.stall()     # SIGSTOP the daemon: every write, stat and lookup under `directory`, in
-                          # that mount namespace only, blocks in D (wchan fuse_*), as on a hung NFS
+                          # that mount namespace only, blocks in D (wchan request_wait_answer, or
+                          # filename_create behind it), as on a hung hard NFS mount
         mount.resume()    # SIGCONT: the blocked calls return, nothing is lost
 
 The mount covers `directory` itself and passes through to the same directory underneath: the
@@ -16,7 +17,8 @@ entry and attribute valid for 0 s (the other nodes change the files underneath: 
 would be a short read). Operations: INIT, LOOKUP, FORGET, GETATTR, SETATTR, OPEN/CREATE, READ,
 WRITE, FLUSH, RELEASE, FSYNC, RENAME, UNLINK, MKDIR, RMDIR, OPENDIR/READDIR/RELEASEDIR, STATFS,
 SYMLINK, READLINK; ENOSYS for the rest (the kernel then falls back: RENAME2 to RENAME, ACCESS
-allowed, xattrs unsupported). Root only (mount(2) of type fuse), files owned by root.
+allowed, xattrs unsupported), INTERRUPT included, on purpose (`refuse_interrupts`: waits in D, not
+S). Root only (mount(2) of type fuse), files owned by root.
 
 Run as a program it is the daemon: `python stallable_mount.py DIRECTORY` (prints `mounted` when
 the mount is up; SIGTERM unmounts).
@@ -334,7 +336,6 @@ class StallableMount:
     def __init__(self, directory: Path, namespace_pid: int | None = None):
         self.directory, self.namespace_pid = Path(directory), namespace_pid
         self.daemon: subprocess.Popen[str] | None = None
-        self.stalled = False
 
     def __enter__(self) -> StallableMount:
         enter = ["nsenter", f"--mount=/proc/{self.namespace_pid}/ns/mnt", "--"] if self.namespace_pid else []
@@ -352,12 +353,10 @@ class StallableMount:
     def stall(self) -> None:
         assert self.daemon is not None
         self.daemon.send_signal(signal.SIGSTOP)
-        self.stalled = True
 
     def resume(self) -> None:
         assert self.daemon is not None
         self.daemon.send_signal(signal.SIGCONT)
-        self.stalled = False
 
     def __exit__(self, *_exc: object) -> None:
         if self.daemon is None or self.daemon.poll() is not None:
@@ -377,8 +376,10 @@ def usable() -> str | None:
         return "not root: mount(2) of a FUSE filesystem needs root"
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         return "/dev/fuse is missing or not usable (a container without it?)"
-    if shutil.which("nsenter") is None:
-        return "nsenter (util-linux) is missing"
+    if shutil.which("nsenter") is None or shutil.which("unshare") is None:
+        return "nsenter or unshare (util-linux) is missing"
+    if subprocess.run(["unshare", "--mount", "true"], capture_output=True, check=False).returncode != 0:
+        return "`unshare --mount` fails (no CAP_SYS_ADMIN in this container?)"
     return None
 
 

@@ -1,13 +1,13 @@
 """A node whose run-dir storage stops answering, on the real local cluster: the drill's fault and
 what it records, one controller pass at a time (`on_pass`, called from the test's `drive`).
 
-Once the watched rank trains (step >= 1), the FUSE daemon that serves the run directory to its
+Once the watched rank trains (a step from 1 to `before_step` - 1), the FUSE daemon that serves the run directory to its
 node (tests/stallable_mount.py, mounted in that node's slurmd mount namespace) is stopped: the
 node's writes and stats block in D, its beats stop, the rest of the job waits for it in
 collectives. After `seconds` it is resumed. Meanwhile each pass records the rank's threads found
 in D (/proc/PID/task/*/stat, as the probe reads /proc/PID/stat) and `runctl status`'s storage-stall
-warnings; after the resume, the rank's first beat past its stalled step (`back`) and the warnings
-then.
+warnings; after the resume, the rank's first beat past its stalled step in the same launch
+(`back`) and the warnings then.
 """
 
 from __future__ import annotations
@@ -46,12 +46,14 @@ class StorageStallDrill:
     rank: int
     node: str
     seconds: float
+    before_step: int  # the stall begins in a step before this one (the drill's next fault is there)
     started: float | None = None  # monotonic, at the daemon's SIGSTOP
     resumed: float | None = None
     stalled_beat: Heartbeat | None = None  # the rank's last beat before the stall
     in_d: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     back: Heartbeat | None = None
+    back_time: float = 0.0  # the controller's wall clock (the events'), when `back` was seen
     warnings_back: list[str] = field(default_factory=list)
 
     @property
@@ -67,7 +69,7 @@ class StorageStallDrill:
         if beat is None or self.over:
             return
         if self.started is None:
-            if beat.phase == Phase.STEP and beat.step >= 1:
+            if beat.phase == Phase.STEP and 1 <= beat.step < self.before_step:
                 assert beat.host == self.node, (
                     f"rank {self.rank} runs on {beat.host}, the stalled mount is {self.node}'s"
                 )
@@ -88,8 +90,9 @@ class StorageStallDrill:
                 self.resumed = time.monotonic()
                 print(f"storage of {self.node} resumed after {self.resumed - self.started:.1f} s")
             return
-        if beat.step > self.stalled_beat.step:
-            self.back, self.warnings_back = beat, stall_warnings(ctl)
+        was = self.stalled_beat
+        if beat.step > was.step and (beat.restart_count, beat.launch) == (was.restart_count, was.launch):
+            self.back, self.back_time, self.warnings_back = beat, time.time(), stall_warnings(ctl)
             print(
                 f"rank {self.rank} at step {beat.step} {time.monotonic() - self.resumed:.1f} s after the resume"
             )

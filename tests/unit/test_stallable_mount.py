@@ -69,7 +69,8 @@ def test_passes_through_blocks_in_d_while_stalled_and_lands_when_resumed(namespa
         while state_of(writer.pid) != "D":
             assert time.monotonic() < deadline and writer.poll() is None, "the write never blocked in D"
             time.sleep(0.05)
-        print(f"blocked: {Path(f'/proc/{writer.pid}/stat').read_text()[:60]} wchan={Path(f'/proc/{writer.pid}/wchan').read_text()}")
+        proc = Path(f"/proc/{writer.pid}")
+        print(f"blocked: {(proc / 'stat').read_text()[:40]} wchan={(proc / 'wchan').read_text()}")
         assert os.listdir(tmp_path) == ["heartbeats"], "outside the namespace, the folder answers"
         mount.resume()
         assert writer.wait(10) == 0
