@@ -323,12 +323,19 @@ class LocalCluster:
 
     # Public API --------------------------------------------------------------------------------
     def up(
-        self, spec: ClusterSpec | None = None, timeout: float = 120.0, install: bool = True
+        self,
+        spec: ClusterSpec | None = None,
+        timeout: float = 120.0,
+        install: bool = True,
+        own_mounts: tuple[str, ...] = (),
     ) -> dict[str, Any]:
         """Bring the cluster up (idempotent) and wait until every node is idle.
 
         Already up with the same spec: returns at once. Up with another spec: ClusterError (run
         `down` first). Some daemons dead: the survivors are stopped and all restarted.
+        `own_mounts` names nodes whose slurmd starts in a mount namespace of its own (`unshare
+        --mount`): a filesystem mounted there later (`nsenter --mount=/proc/PID/ns/mnt`) is seen
+        by that node's job steps only, as a node-local storage fault is on a real cluster.
         """
         spec = spec or ClusterSpec()
         self._claim_dir()
@@ -376,8 +383,10 @@ class LocalCluster:
         )
         slurmd = find_binary("slurmd") or "slurmd"
         for name in spec.node_names():
+            own = [find_binary("unshare") or "unshare", "--mount", "--propagation", "private", "--"]
             pids[f"slurmd-{name}"] = self._start(
-                f"slurmd-{name}", [slurmd, "-D", "-N", name, "-f", str(self.slurm_conf)]
+                f"slurmd-{name}",
+                [*(own if name in own_mounts else []), slurmd, "-D", "-N", name, "-f", str(self.slurm_conf)],
             )
         atomic_write_json(self.record_path, {"spec": asdict(spec), "pids": pids, "started_at": started})
         self._wait_idle(spec, timeout)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.contract import JobState, RunPaths, read_heartbeats, tail_metrics
 from orchestrator.contract import events as ev
 from orchestrator.contract import failure_events as fev
+from orchestrator.contract import pool_events as pev
 from orchestrator.contract.checkpoints import list_checkpoints
 from orchestrator.contract.controller_beat import beat_file_age, read_beat
 from orchestrator.contract.controller_lock import lock_holder
@@ -154,7 +155,8 @@ def dashboard_data(
     events = read_events(paths.events)
     stopped = next((e for e in reversed(events) if isinstance(e, fev.RunStopped)), None)
     disk = next((e for e in reversed(events) if isinstance(e, ev.Disk)), None)
-    stall = _storage_stall(events, live_job.job_id if live_job else None)
+    tolerance = cfg.watchdog.stall_tolerance_seconds if cfg else None
+    stall = _storage_stall(events, live_job.job_id if live_job else None, now, tolerance)
     beat = read_beat(paths)
     return Dashboard(
         run=cfg.name if cfg else paths.root.name,
@@ -249,21 +251,26 @@ def _goodput(paths: RunPaths, now: float, ckpt_dir: Path) -> Goodput | None:
     return Goodput(whole_run=whole, last_24h=day)
 
 
-def _storage_stall(events: list[ev.Event], job_id: str | None) -> StorageStall | None:
+def _storage_stall(
+    events: list[ev.Event], job_id: str | None, now: float | None = None, tolerance: float | None = None
+) -> StorageStall | None:
     """The running job's node that the controller's probe found in a storage stall (its ranks
-    blocked on the filesystem), while nothing has happened to the job since: the controller waits
-    for it (watchdog.stall_tolerance_seconds) instead of declaring it lost."""
+    blocked on the filesystem), while nothing has happened to the job since and the node has not
+    beaten again (a `node_stalled` event: the stall ended): the controller waits for it
+    (watchdog.stall_tolerance_seconds) instead of declaring it lost."""
     if job_id is None:
         return None
+    came_back: set[str] = set()
     for event in reversed(events):
         if getattr(event, "job_id", None) != job_id:
             continue
+        if isinstance(event, pev.NodeStalled):
+            came_back.add(event.node)
         if isinstance(event, fev.NodeProbed):
-            return (
-                StorageStall(node=event.node, why=event.why, time=event.time)
-                if event.verdict == "stall"
-                else None
-            )
+            if event.verdict != "stall" or event.node in came_back:
+                return None
+            age = max(0.0, now - event.time) if now is not None else 0.0
+            return StorageStall(event.node, event.why, event.time, age, tolerance)
         if isinstance(event, (fev.Failure, fev.Restart, ev.JobEnded)):
             return None
     return None
@@ -300,10 +307,12 @@ def warnings(
         out.append(f"checkpoint disk {d.disk.level}: {d.disk.message or 'see runctl events'}")
     stall = d.storage_stall
     if stall and not status.stopped:
+        upto = f" up to {stall.tolerance_seconds:.0f} s" if stall.tolerance_seconds is not None else ""
         out.append(
-            f"{stall.node} is in a storage stall ({stall.why}): its ranks wait on the filesystem, so "
-            "the controller waits too (watchdog.stall_tolerance_seconds) before declaring the node lost; "
-            "look at the filesystem the run writes to"
+            f"{stall.node} is in a storage stall ({stall.why}), found {stall.age_seconds:.0f} s ago: its "
+            f"ranks wait on the filesystem, so the controller waits too{upto} "
+            "(watchdog.stall_tolerance_seconds) before declaring the node lost; look at the filesystem "
+            "the run writes to"
         )
     if pool is not None and pool.short and not status.stopped:
         out.append(f"CRITICAL, the node pool is short: {pool.message or 'see runctl events'}")

@@ -75,6 +75,8 @@ class StorageStall:
     node: str
     why: str
     time: float
+    age_seconds: float = 0.0  # since the probe found it
+    tolerance_seconds: float | None = None  # watchdog.stall_tolerance_seconds (None: no config)
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,14 @@ all-reduce) was named too: node01 and node02 excluded, 3 usable nodes of 4, and 
 `#SBATCH --exclude` in its script), every rank's stack dumped before the cancel, and losses equal
 to the uninterrupted run's (`reference_losses`: the same model and data at 2 nodes x 2 ranks).
 
-The frozen node runs `make demo`'s scenario (4 nodes + its 1 spare, the whole partition): a node
-lost while a spare is left pages nobody. Notifications go to two local apprise JSON endpoints, one
-per severity (`page:` and `chat:`); while the job trains on its spare, `runctl status` has no
-CRITICAL line, the pager has received nothing, and the next job would ask for no spare (the four
-usable nodes are the job's): a warning in chat, not a page.
+The frozen node's run first stalls that node's storage (its run dir served to it alone by a FUSE
+daemon that the test stops, tests/stallable_mount.py): a stall, waited for and warned about, and
+the same launch trains on when the writes return. Then it runs `make demo`'s scenario (4 nodes +
+its 1 spare, the whole partition): a node lost while a spare is left pages nobody. Notifications
+go to two local apprise JSON endpoints, one per severity (`page:` and `chat:`); while the job
+trains on its spare, `runctl status` has no CRITICAL line, the pager has received nothing, and the
+next job would ask for no spare (the four usable nodes are the job's): a warning in chat, not a
+page.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -40,10 +44,14 @@ from orchestrator.plan.config import parse_config
 from orchestrator.plan.config.load import resolve_paths
 from orchestrator.views.dashboard import status_data
 from tests.run_records import event_dicts
+from tests.stallable_mount import StallableMount, usable
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 HUNG_NODE, HUNG_STEP, STEPS = "node02", 6, 8
+# Rank 1's node in the frozen-node drill: its slurmd has a mount namespace of its own, where the
+# run dir's storage can be stalled for it alone (tests/stallable_mount.py).
+STALL_NODE, STALL_SECONDS = "node02", 13.0
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +65,8 @@ def five_nodes(local_cluster, tmp_path_factory):
     ctld, slurmd = _free_port_base(5)
     cluster = LocalCluster(directory)
     try:
-        cluster.up(ClusterSpec(nodes=5, gpus_per_node=1, ctld_port=ctld, slurmd_base_port=slurmd), timeout=120)
+        spec = ClusterSpec(nodes=5, gpus_per_node=1, ctld_port=ctld, slurmd_base_port=slurmd)
+        cluster.up(spec, timeout=120, own_mounts=() if usable() else (STALL_NODE,))
         yield cluster
     finally:
         cluster.down()
@@ -125,13 +134,26 @@ def test_a_rank_hung_mid_step_excludes_exactly_its_node_and_the_run_finishes(fiv
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_a_frozen_node_is_asked_found_stopped_dead_at_dead_after_and_training_goes_on_on_the_spare(five_nodes):
-    """Rank 1, alone on its node, is SIGSTOPped in a save (slowed to seconds): its whole node is
-    silent in a save, which the silence rule alone waits out as a storage stall (up to
-    stall_tolerance_seconds). The controller asks the node (one `srun --overlap` step): stopped (T),
-    its filesystem answers: dead at dead_after, and the job relaunches on its spare."""
+def test_a_node_whose_storage_stalls_is_waited_for_then_a_frozen_node_is_dead_and_the_spare_trains(
+    five_nodes,
+):
+    """Two faults on rank 1's node (node02, rank 1 alone there), one run, one job.
+
+    First its run-dir storage stops answering (the FUSE daemon that serves the run dir to node02
+    alone is SIGSTOPped for STALL_SECONDS, past dead_after): its ranks block in D, its beats stop.
+    The controller asks the node (one `srun --overlap` step, in node02's mount namespace): a rank
+    in D, the run dir's stat unanswered: a storage stall, waited for, with a warning in `runctl
+    status`; no failure, no relaunch; the writes return and the same launch trains on.
+
+    Then rank 1 is SIGSTOPped in the last save (step 8's, slowed to seconds on node02 alone, so
+    that the stall may come at any step before it): its whole node is silent in a save,
+    which the silence rule alone waits out as a storage stall (up to stall_tolerance_seconds).
+    The controller asks again: stopped (T), its filesystem answers: dead at dead_after, and the
+    job relaunches on its spare."""
     import os
     import signal
+
+    from storage_stall_drill import StorageStallDrill
 
     from orchestrator.contract import read_heartbeats
     from orchestrator.operate.runs import prepare_run_dir, submit_job
@@ -141,41 +163,68 @@ def test_a_frozen_node_is_asked_found_stopped_dead_at_dead_after_and_training_go
     cfg = demo_config(spare_nodes=1, notifications={"page": [pager.url], "chat": [chat.url]})
     root = Path(tempfile.mkdtemp(prefix="rc-probe-", dir="/tmp"))
     env = {**five_nodes.slurm_env(), "TRAINER_TENSORBOARD": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "TRAINER_MAX_STEPS": str(STEPS), "TRAINER_FAULT": "slowsave@step4",
+           "TRAINER_MAX_STEPS": str(STEPS), "TRAINER_FAULT": f"slowsave@step{STEPS}:{STALL_NODE}",
            "TRAINER_SLOW_SAVE_CHUNK_SECONDS": "0.05"}  # fmt: skip
     scheduler = SlurmScheduler(env=env)
     prepare_run_dir(cfg, root / "run")
+    no_fuse = usable()
+    if no_fuse:
+        warnings.warn(f"the storage-stall half of this drill did not run: {no_fuse}", stacklevel=1)
+    mount = (
+        None
+        if no_fuse
+        else StallableMount(root / "run", five_nodes.status()["daemons"][f"slurmd-{STALL_NODE}"]["pid"])
+    )
     job_id = submit_job(root / "run", cfg, scheduler, reason="initial")
     ctl = Controller(root / "run", cfg, scheduler, stack_wait_seconds=2.0)
+    stall = StorageStallDrill(mount, str(job_id), rank=1, node=STALL_NODE, seconds=STALL_SECONDS, before_step=STEPS)
     done: dict = {}
     on_the_spare: dict = {}
 
-    def freeze_in_save(c: Controller) -> None:
+    def stall_then_freeze_in_save(c: Controller) -> None:
+        if mount is not None and not stall.over:
+            stall.on_pass(c)
+            return
         if done:
-            if not on_the_spare and c.state.status == RunStatus.RUNNING and any(
-                e["event"] == "first_step_after_restart" for e in event_dicts(c.paths)
+            if (
+                not on_the_spare
+                and c.state.status == RunStatus.RUNNING
+                and any(e["event"] == "first_step_after_restart" for e in event_dicts(c.paths))
             ):
                 c.tick()  # one more pass: the pool judged after the relaunch
-                on_the_spare.update(warnings=status_data(c.paths.root, c.scheduler).warnings, pool=c.state.pool,
-                                    pager=list(pager.received), chat=[m["title"] for m in chat.received])
+                on_the_spare.update(
+                    warnings=status_data(c.paths.root, c.scheduler).warnings,
+                    pool=c.state.pool,
+                    pager=list(pager.received),
+                    chat=[m["title"] for m in chat.received],
+                )
             return
         for b in read_heartbeats(c.paths.heartbeats):
-            if b.rank == 1 and b.job_id == str(job_id) and b.phase.value == "checkpoint":
+            if b.rank == 1 and b.job_id == str(job_id) and b.phase.value == "checkpoint" and b.step == STEPS:
                 os.kill(b.pid, signal.SIGSTOP)
                 done.update(time=time.time(), pid=b.pid, node=b.host)
                 print(f"SIGSTOP rank 1 (pid {b.pid}) on {b.host} in the save of step {b.step}")
 
+    if mount is not None:
+        mount.__enter__()
     ctl.start()
     try:
-        status = drive(ctl, 600, act=freeze_in_save)
+        status = drive(ctl, 600, act=stall_then_freeze_in_save)
         events = event_dicts(ctl.paths)
         probed = [e for e in events if e["event"] == "node_probed"]
         failures = [e for e in events if e["event"] == "failure"]
-        print(f"probed: {probed}\nfailures: {[(f['cause'], f['detection_time'] - done.get('time', 0)) for f in failures]}")
+        print(
+            f"probed: {probed}\nfailures: {[(f['cause'], f['detection_time'] - done.get('time', 0)) for f in failures]}"
+        )
+        if mount is not None:
+            assert_stall_waited_for(stall, probed, events)
+            probed = probed[1:]
         assert done, "never saw rank 1 in its save"
         assert status == RunStatus.FINISHED, f"{status}: {failures}\n{job_outputs(ctl.paths)}"
         assert probed and probed[0]["node"] == done["node"] and probed[0]["verdict"] == "dead", probed
-        assert failures[0]["cause"] == "dead_rank" and [r["rank"] for r in failures[0]["ranks"]] == [1], failures
+        assert failures[0]["cause"] == "dead_rank" and [r["rank"] for r in failures[0]["ranks"]] == [1], (
+            failures
+        )
         took = failures[0]["detection_time"] - done["time"]
         assert took <= cfg.watchdog.dead_after_seconds + 6, f"dead {took:.1f} s after the SIGSTOP"
         restart = next(e for e in events if e["event"] == "restart")
@@ -196,8 +245,28 @@ def test_a_frozen_node_is_asked_found_stopped_dead_at_dead_after_and_training_go
                 os.kill(done["pid"], signal.SIGCONT)
             except ProcessLookupError:
                 pass
+        if mount is not None:
+            mount.__exit__(None, None, None)
         live = [j.job_id for j in ctl.state.live_jobs()]
         if live:
             ctl.scheduler.cancel(live)
         ctl.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def assert_stall_waited_for(stall, probed: list[dict], events: list[dict]) -> None:
+    """The storage stall: real D state, asked and found a stall, warned, no failure or relaunch
+    while it lasted, the same launch training again after it."""
+    assert stall.resumed is not None, "the storage stall never began (rank 1 never seen training)"
+    assert any("request_wait_answer" in t for t in stall.in_d), f"rank 1 never waited in D on its storage: {stall.in_d}"
+    first = probed[0] if probed else {}
+    print(
+        f"stall probe: {first}\nstatus during the stall: {stall.warnings[-1:]}\nafter: {stall.warnings_back}"
+    )
+    assert first.get("node") == STALL_NODE and first.get("verdict") == "stall", probed
+    assert first["fs_answers"] is False and "disk" in first["ranks"].values(), first
+    early = [e for e in events if e["event"] in ("failure", "restart") and (not stall.over or e["time"] < stall.back_time)]
+    assert not early, f"declared or relaunched during the storage stall: {early}"
+    assert stall.over, "rank 1 never trained again in the same launch after its storage came back"
+    assert any(STALL_NODE in w and "300 s" in w for w in stall.warnings), stall.warnings
+    assert not stall.warnings_back, f"status still warns after the writes came back: {stall.warnings_back}"
