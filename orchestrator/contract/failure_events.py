@@ -15,8 +15,8 @@ from .event_base import Event
 class NodeProbed(Event):
     """A node whose every rank went silent while the job ran was asked (controller/probe.py):
     `verdict` lost, dead, stall or undecided, `why` in words, `ranks` rank -> process state.
-    `early`: asked after one late beat; such an answer decides nothing but "lost" until the node,
-    still silent, is asked again (controller/probing.py)."""
+    `early`: asked after one late beat; unless "lost", such an answer stands until the node, still
+    silent, is asked again (controller/probing.py)."""
 
     KIND = "node_probed"
     job_id: str

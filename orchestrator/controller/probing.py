@@ -4,10 +4,12 @@ them between "lost", "frozen" and "storage stall" instead of waiting out the tol
 
 A node is asked as soon as it is quiet (`Assessment.quiet_hosts`: a beat missed by more than a
 pass, timeouts.probe_after), so that a lost or frozen node is known within seconds. "Lost" (no
-answer) is final. Any other early answer is a heads-up, not yet a verdict: a node that misses one
-beat may be in a hiccup that ends, or one that turns into a storage stall, so it is asked once
-more when it has been silent for `silent_after` (`Assessment.silent_hosts`), and that answer
-decides. So a node is asked at most twice per incident, never once a pass.
+answer) is final. Any other early answer stands only until the node, silent for `silent_after`
+(`Assessment.silent_hosts`), is asked once more, and that answer replaces it: a node that missed
+one beat may be in a hiccup that ends, or one that turns into a storage stall. An early answer
+still counts meanwhile: the second probe may take longer than what is left to `dead_after`
+(a stall found early is not declared dead while it is asked again). So a node is asked at most
+twice per incident, never once a pass.
 
 The step runs inside the job's allocation (`srun --overlap`), bounded by PROBE_TIMEOUT_SECONDS, at
 most MAX_ASKED_PER_PASS nodes a pass: a controller pass waits for them at most that long. A probe that could not be made because slurmctld does not answer
@@ -37,7 +39,7 @@ FS_SECONDS = 3.0  # the stat of the run directory must answer within this (insid
 @dataclass(frozen=True)
 class Answer:
     verdict: probe.Verdict
-    settled: bool  # lost, or given when the node had been silent for silent_after: it decides
+    settled: bool  # lost, or given when the node had been silent for silent_after: not asked again
 
 
 @dataclass
@@ -45,8 +47,7 @@ class NodeProber:
     asked: dict[tuple[str, str], Answer] = field(default_factory=dict)  # (job, node) -> its answer
 
     def verdicts(self, job_id: str) -> dict[str, probe.Verdict]:
-        """The answers that decide (settled ones); an early heads-up decides nothing yet."""
-        return {node: a.verdict for (job, node), a in self.asked.items() if job == job_id and a.settled}
+        return {node: a.verdict for (job, node), a in self.asked.items() if job == job_id}
 
     def on_pass(
         self, view: JobView, ask: Callable[[str, str, str, float], str | None] | None

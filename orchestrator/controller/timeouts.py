@@ -114,6 +114,5 @@ def probe_after(watchdog: Any) -> float:
     half a pass more than the pass that sees it (a beat's age, seen at pass resolution, stays under
     heartbeat + poll while it beats). Asked then, a frozen node is known within 30 s at BLOOM's
     10 s beats and 5 s passes (17.5 s, the next pass, the step), a lost one a probe timeout later;
-    what it answers this early is asked again at `silent_after` before it decides anything but
-    "lost"."""
+    what it answers this early, unless "lost", is asked again at `silent_after`."""
     return min(silent_after(watchdog), watchdog.heartbeat_seconds + PROBE_AFTER_POLLS * watchdog.poll_seconds)

@@ -216,10 +216,10 @@ def test_a_node_whose_storage_stalls_is_waited_for_then_a_frozen_node_is_dead_an
         print(
             f"probed: {probed}\nfailures: {[(f['cause'], f['detection_time'] - done.get('time', 0)) for f in failures]}"
         )
-        if mount is not None:
-            assert_stall_waited_for(stall, probed, events)
-            probed = probed[1:]
         assert done, "never saw rank 1 in its save"
+        if mount is not None:
+            assert_stall_waited_for(stall, [e for e in probed if e["time"] < done["time"]], events)
+        probed = [e for e in probed if e["time"] > done["time"]]
         assert status == RunStatus.FINISHED, f"{status}: {failures}\n{job_outputs(ctl.paths)}"
         assert probed and probed[0]["node"] == done["node"] and probed[0]["verdict"] == "dead", probed
         assert failures[0]["cause"] == "dead_rank" and [r["rank"] for r in failures[0]["ranks"]] == [1], (
@@ -255,8 +255,9 @@ def test_a_node_whose_storage_stalls_is_waited_for_then_a_frozen_node_is_dead_an
 
 
 def assert_stall_waited_for(stall, probed: list[dict], events: list[dict]) -> None:
-    """The storage stall: real D state, asked and found a stall, warned, no failure or relaunch
-    while it lasted, the same launch training again after it."""
+    """The storage stall: real D state, asked (early, then again once silent) and found a stall
+    each time, warned, no failure or relaunch while it lasted, the same launch training again
+    after it."""
     assert stall.resumed is not None, "the storage stall never began (rank 1 never seen training)"
     assert any("request_wait_answer" in t for t in stall.in_d), f"rank 1 never waited in D on its storage: {stall.in_d}"
     first = probed[0] if probed else {}
@@ -264,6 +265,7 @@ def assert_stall_waited_for(stall, probed: list[dict], events: list[dict]) -> No
         f"stall probe: {first}\nstatus during the stall: {stall.warnings[-1:]}\nafter: {stall.warnings_back}"
     )
     assert first.get("node") == STALL_NODE and first.get("verdict") == "stall", probed
+    assert 1 <= len(probed) <= 2 and {e["verdict"] for e in probed} == {"stall"}, probed
     assert first["fs_answers"] is False and "disk" in first["ranks"].values(), first
     early = [e for e in events if e["event"] in ("failure", "restart") and (not stall.over or e["time"] < stall.back_time)]
     assert not early, f"declared or relaunched during the storage stall: {early}"

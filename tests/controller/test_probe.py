@@ -105,9 +105,9 @@ def test_each_silent_node_is_asked_once_per_incident():
 
 
 def test_a_quiet_node_is_asked_early_and_asked_again_when_silent_unless_lost():
-    """A node that missed a beat is asked at once: "lost" decides now; any other early answer
-    decides nothing until the node, silent for silent_after, answers again (a hiccup that became a
-    storage stall is seen as one). Three passes silent after that: still two asks in all."""
+    """A node that missed a beat is asked at once: "lost" is final; any other early answer stands
+    until the node, silent for silent_after, answers again, and that answer replaces it (a hiccup
+    that became a storage stall is seen as one). Three passes silent after that: two asks in all."""
     answers = {"node02": ["rank 1 101 R\nfs ok\n", "rank 1 101 D\nfs stuck\n"], "node03": [None]}
     asked = []
 
@@ -119,7 +119,7 @@ def test_a_quiet_node_is_asked_early_and_asked_again_when_silent_unless_lost():
     beats = [beat(r, 1) for r in range(4)]
     early = prober.on_pass(silent([], beats, quiet=["node02", "node03"]), ask)
     assert [a.event.verdict for a in early] == ["dead", "lost"] and asked == ["node02", "node03"]
-    assert prober.verdicts("7") == {"node03": Verdict.LOST}, "an early 'running' is no verdict yet"
+    assert prober.verdicts("7") == {"node02": Verdict.DEAD, "node03": Verdict.LOST}
     for _ in range(3):
         prober.on_pass(silent(["node02", "node03"], beats), ask)
     assert asked == ["node02", "node03", "node02"], "asked again once silent; lost is not asked again"
