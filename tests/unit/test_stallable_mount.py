@@ -34,10 +34,20 @@ print(sorted(os.listdir(f"{d}/heartbeats")), open(f"{d}/heartbeats/link").read()
 """
 
 
+# The write is made by a second thread while the main one waits for it (sleeping, S): as a rank's
+# checkpoint writer or beat thread, whose storage stall the probe must see though the main thread
+# does not show it.
+WRITER = "import threading, sys; w = threading.Thread(target=lambda: open(sys.argv[1], 'w').write('x')); w.start(); w.join()"
+
+
 def waits_on_fuse(pid: int) -> bool:
-    """In D on a FUSE request, not for a moment's D of the interpreter reading its own files."""
-    state = Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2][:1]
-    return state == "D" and Path(f"/proc/{pid}/wchan").read_text() == "request_wait_answer"
+    """A thread of it in D on a FUSE request, not for a moment's D of the interpreter reading its
+    own files."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        state = (task / "stat").read_text().rpartition(") ")[2][:1]
+        if state == "D" and (task / "wchan").read_text() == "request_wait_answer":
+            return True
+    return False
 
 
 @pytest.fixture
@@ -71,7 +81,7 @@ def test_passes_through_blocks_in_d_while_stalled_the_probe_says_stall_and_the_w
         assert (tmp_path / "heartbeats" / "rank-00001.json").read_bytes() == b"x" * 10, "not the real folder"
 
         mount.stall()
-        writer = inside("-c", f"open({str(tmp_path / 'late')!r}, 'w').write('x')")
+        writer = inside("-c", WRITER, str(tmp_path / "late"))
         deadline = time.monotonic() + 10
         while not waits_on_fuse(writer.pid):
             assert time.monotonic() < deadline and writer.poll() is None, "the write never blocked in D"
@@ -84,6 +94,9 @@ def test_passes_through_blocks_in_d_while_stalled_the_probe_says_stall_and_the_w
         script = probe.script({1: writer.pid}, str(tmp_path), fs_seconds=0.5)
         here = probe.parse("here", subprocess.run(["sh", "-c", script], capture_output=True, text=True).stdout)  # fmt: skip
         assert (here.ranks, here.fs_answers) == ({1: probe.ProcState.DISK}, True), here
+        assert here.waits == {1: "request_wait_answer"}, "the thread in D, and where it waits"
+        main_thread = (proc / "stat").read_text().rpartition(") ")[2][:1]
+        assert main_thread == "S", f"the main thread sleeps ({main_thread}): only its writer thread is in D"
         assert probe.verdict(here)[0] is probe.Verdict.STALL, "a rank in D, its filesystem answering"
         gone = probe.script({}, str(tmp_path), fs_seconds=0.5)
         inside = probe.parse("inside", subprocess.run(["nsenter", f"--mount=/proc/{namespace}/ns/mnt", "--", "sh", "-c", gone],
