@@ -1,6 +1,6 @@
 """Ask a silent node instead of waiting: what one bounded probe step says about a node whose every
 rank stopped beating while the job runs, and the verdict drawn from it. Pure: the supervisor runs
-the step (`srun --overlap --jobid JOB -w NODE`, timeout-bounded, once per silent node per
+the step (`srun --overlap --jobid JOB -w NODE`, timeout-bounded, at most twice per silent node per
 incident) and hands its output here.
 
 The probe (`script`) prints one line per rank process of the node, `rank RANK PID STATE [WCHAN]`,

@@ -257,23 +257,34 @@ def _storage_stall(
     """The running job's node that the controller's probe found in a storage stall (its ranks
     blocked on the filesystem), while nothing has happened to the job since and the node has not
     beaten again (a `node_stalled` event: the stall ended): the controller waits for it
-    (watchdog.stall_tolerance_seconds) instead of declaring it lost."""
+    (watchdog.stall_tolerance_seconds) instead of declaring it lost. Its age counts from the
+    incident's first stall answer (the node is asked early, then again once silent)."""
     if job_id is None:
         return None
     came_back: set[str] = set()
+    found: fev.NodeProbed | None = None
     for event in reversed(events):
         if getattr(event, "job_id", None) != job_id:
             continue
         if isinstance(event, pev.NodeStalled):
             came_back.add(event.node)
         if isinstance(event, fev.NodeProbed):
-            if event.verdict != "stall" or event.node in came_back:
+            if found is None and (event.verdict != "stall" or event.node in came_back):
                 return None
-            age = max(0.0, now - event.time) if now is not None else 0.0
-            return StorageStall(event.node, event.why, event.time, age, tolerance)
+            if found is not None and (
+                event.node != found.node or event.verdict != "stall" or event.node in came_back
+            ):
+                break
+            found = event
+            if event.early:
+                break
+            continue
         if isinstance(event, (fev.Failure, fev.Restart, ev.JobEnded)):
-            return None
-    return None
+            break
+    if found is None:
+        return None
+    age = max(0.0, now - found.time) if now is not None else 0.0
+    return StorageStall(found.node, found.why, found.time, age, tolerance)
 
 
 def warnings(

@@ -12,8 +12,9 @@ from orchestrator.views.status_view import StatusView, StorageStall
 from tests.status_views import status_view
 
 
-def probed(verdict: str, job_id: str = "7") -> fev.NodeProbed:
-    return fev.NodeProbed(job_id=job_id, node="node02", verdict=verdict, why="rank 3 in D (disk wait)", time=100.0)
+def probed(verdict: str, job_id: str = "7", time: float = 100.0, early: bool = False) -> fev.NodeProbed:
+    return fev.NodeProbed(job_id=job_id, node="node02", verdict=verdict, why="rank 3 in D (disk wait)", time=time,
+                          early=early)  # fmt: skip
 
 
 def screen(stall) -> StatusView:
@@ -33,6 +34,15 @@ def test_the_warning_gives_the_stall_age_and_the_tolerance():
     assert (stall.age_seconds, stall.tolerance_seconds) == (42.0, 900.0)
     [warning] = warnings(screen(stall))
     assert "found 42 s ago" in warning and "waits too up to 900 s" in warning, warning
+
+
+def test_the_age_counts_from_the_incidents_early_answer():
+    early, again = probed("stall", time=100.0, early=True), probed("stall", time=112.0)
+    assert _storage_stall([early, again], "7", now=142.0).age_seconds == 42.0
+    older = probed("stall", time=10.0)  # an earlier incident's, ended by the early answer's
+    assert _storage_stall([older, early, again], "7", now=142.0).age_seconds == 42.0
+    back = pev.NodeStalled(node="node02", job_id="7", seconds=12.0, stalls_in_window=1, window_hours=24.0)
+    assert _storage_stall([early, back, again], "7", now=142.0).age_seconds == 30.0, "a new incident after it"
 
 
 def test_no_warning_once_the_node_beats_again():
