@@ -90,3 +90,16 @@ class SparesForNextJob(Event):
     nodes: int
     spares: int  # configured (cluster.spare_nodes)
     spares_next: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubmissionRefused(Event):
+    """sbatch refused the next job because its exclude list left too few nodes ("Requested node
+    configuration is not available"): the controller ended early the probations of its own
+    exclusions with the weakest evidence, and submits again on the next pass."""
+
+    KIND = "submission_refused"
+    exclude: list[str]  # the refused sbatch's --exclude
+    returned: list[str]  # probations ended, weakest evidence first
+    why: str  # the evidence of each returned node, and the count that decided
+    error: str = ""  # sbatch's words

@@ -28,7 +28,8 @@ from orchestrator.contract.interval import write_interval_directive
 from orchestrator.contract.requests import publish_request, withdraw_request
 from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, JobRecord, Recovery, RunStatus
-from orchestrator.slurm.base import Scheduler
+from orchestrator.errors import SchedulerError
+from orchestrator.slurm.base import NodeConfigUnavailable, NodeInfo, Scheduler
 from orchestrator.views.event_text import sentence
 
 from . import requests as intake
@@ -61,6 +62,7 @@ from .actions import (
 from .interval import PublishInterval
 from .jobs import queued_jobs
 from .memory import Memory
+from .refusal import after_refusal
 from .reporter import Reporter
 from .stacks import collect_stacks
 from .submission import Submitter, submit_once
@@ -82,11 +84,13 @@ class Applier:
         monotonic: Callable[[], float],
         sleep: Callable[[float], None],
         stack_wait_seconds: float,
+        judge_pool: Callable[[], None] = lambda: None,
     ):
         self.paths, self.cfg, self.scheduler, self.memory = paths, cfg, scheduler, memory
         self.reporter, self.submitter = reporter, submitter
         self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
         self.stack_wait_seconds = stack_wait_seconds
+        self.judge_pool = judge_pool  # before each sbatch: it may end probations SLURM would refuse it for
 
     def apply(self, actions: list[Action], state: ControllerState, done: list[str]) -> None:
         """Carry out `actions` in order; `done` collects what a person would want to know was done."""
@@ -119,7 +123,10 @@ class Applier:
             self._restart(state, action, done)
         elif isinstance(action, Submit):
             record = self._submit(state, action.reason)
-            done.append(f"submitted ({action.reason}) as job {record.job_id}")
+            if record is not None:
+                done.append(f"submitted ({action.reason}) as job {record.job_id}")
+            else:
+                done.append(f"not submitted ({action.reason}): SLURM refused it, exclusions returned")
         elif isinstance(action, Stop):
             state.move_to(action.status)
             state.recovering = None
@@ -193,23 +200,56 @@ class Applier:
         record.slurm_start = update.slurm_start
 
     # -- the scheduler and the exclude list -----------------------------------------------------
-    def _submit(self, state: ControllerState, reason: str) -> JobRecord:
+    def _submit(self, state: ControllerState, reason: str) -> JobRecord | None:
+        """The job submitted; None when SLURM refused it for too few nodes and the controller
+        returned some of its own exclusions (refusal.py): the next pass submits again."""
         from orchestrator.slurm.render import run_job_name  # noqa: PLC0415 - jinja2 only when submitting
 
+        self.judge_pool()  # an exclusion of this very pass may leave SLURM too few nodes (refusal.py)
         excluded = exclude_list.excluded_nodes(self.paths)
         # The intent names the job as sbatch will (the run's singleton key): a controller that dies
         # after sbatch finds it by that name (submission.reconcile_intent).
-        record = submit_once(
-            self.paths,
-            state,
-            self.submitter(),
-            job_name=run_job_name(self.cfg.name, self.paths.root),
-            exclude=excluded,
-            reason=reason,
-            clock=self.clock,
-        )
+        try:
+            record = submit_once(
+                self.paths,
+                state,
+                self.submitter(),
+                job_name=run_job_name(self.cfg.name, self.paths.root),
+                exclude=excluded,
+                reason=reason,
+                clock=self.clock,
+            )
+        except NodeConfigUnavailable as exc:
+            if not self._return_after_refusal(excluded, str(exc)):
+                raise
+            state.pending_submit = None  # refused: no job exists, nothing to wait for or adopt
+            return None
         self.reporter.emit(ev.JobSubmitted(job_id=record.job_id, reason=reason, exclude=excluded))
         return record
+
+    def _return_after_refusal(self, refused_exclude: list[str], error: str) -> bool:
+        """End the probations refusal.after_refusal names; False when it names none."""
+        ask = getattr(self.scheduler, "nodes", None)  # a test double may not implement it
+        try:
+            slurm_nodes: dict[str, NodeInfo] | None = (ask() or None) if ask is not None else None
+        except SchedulerError:
+            slurm_nodes = None  # not known: one node per refusal
+        c = self.cfg.cluster
+        back = after_refusal(exclude_list.read_exclusions(self.paths), refused_exclude, slurm_nodes,
+                             needed=c.nodes, partition=c.partition)  # fmt: skip
+        if back is None:
+            return False
+        try:
+            exclude_list.clear_excluded(self.paths, list(back.nodes))
+        except (OSError, exclude_list.ExcludeLockTimeout) as exc:
+            self.reporter.emit(fev.ExcludeFailed(nodes=list(back.nodes), error=f"return: {exc}"[:500]))
+            return False
+        self.reporter.emit(
+            pev.SubmissionRefused(
+                exclude=refused_exclude, returned=list(back.nodes), why=back.why, error=error[-500:]
+            )
+        )
+        return True
 
     def _cancel(self, state: ControllerState, records: list[JobRecord], outcome: str) -> None:
         if not records:
@@ -316,6 +356,9 @@ class Applier:
             how = f"queued successor {successor.job_id} (exclude list updated)"
         else:
             successor = self._submit(state, f"restart after {action.cause}")
+            if successor is None:  # refused for too few nodes: the next pass submits (jobs.ensure_a_job)
+                done.append("restart: SLURM refused the job, exclusions returned; submitting again next pass")
+                return
             how = f"resubmitted as job {successor.job_id}"
         self._begin_recovery(state, action, successor.job_id, how, in_allocation=False)
         done.append(f"restart: {how}")

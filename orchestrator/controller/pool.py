@@ -17,7 +17,7 @@ run's exclude list to actions.
     probation list and the admins' drain reasons, never the nodes of the last incident.
   `exclusions.on_pool_short: release_oldest` releases the oldest probations of nodes SLURM would
   schedule, as many as the job's nodes lack; `wait` keeps them, and says so. Whatever the policy,
-  the probations of hunches end first (`hunches`), as many as the job's nodes and spares lack:
+  the probations of hunches end first (`refusal.hunches`), as many as the job's nodes and spares lack:
   nodes excluded together for one hang, which names one culprit, so all but one of them were its
   collective peers, waiting.
 When SLURM cannot be asked nothing here is judged (no guess from an empty answer).
@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from orchestrator.contract import Exclusion
 from orchestrator.contract import pool_events as pev
-from orchestrator.contract.causes import Cause
 from orchestrator.contract.severity import Notice
 from orchestrator.contract.state import ControllerState, PoolStatus
 from orchestrator.slurm.base import NodeInfo
 
 from .actions import Action, ChangeState, Record, ReleaseExclusions, alert
 from .recovery import Incident
+from .refusal import before_sbatch, hunches
 
 
 def leave_to_slurm(
@@ -61,18 +61,6 @@ def leave_to_slurm(
             )
         )
     return tuple(kept), actions
-
-
-def hunches(exclusions: dict[str, Exclusion], excluded: list[str]) -> list[str]:
-    """Of the `excluded` nodes, those excluded for a hang together with another node of the same
-    job, oldest first."""
-    by_job: dict[str, list[str]] = {}
-    for node in excluded:
-        entry = exclusions[node]
-        if entry.cause == Cause.HANG and entry.job_id:
-            by_job.setdefault(entry.job_id, []).append(node)
-    shared = [n for nodes in by_job.values() if len(nodes) > 1 for n in nodes]
-    return sorted(shared, key=lambda n: (exclusions[n].since or 0.0, n))
 
 
 def expired(exclusions: dict[str, Exclusion], now: float) -> list[Action]:
@@ -115,6 +103,14 @@ def judge(
         )
         excluded = sorted(set(excluded) - set(early))
         usable += len(early)
+    # SLURM refuses, rather than queues, a job its exclude list leaves too few nodes: whatever the
+    # policy, the controller's own exclusions do not stay to make it so (refusal.py).
+    kept = {n: e for n, e in exclusions.items() if n not in early}
+    refused = before_sbatch(kept, slurm_nodes, needed=nodes, partition=partition)
+    if refused is not None:
+        actions.append(ReleaseExclusions(refused.nodes, f"probation ended early: {refused.why}"))
+        usable += len(set(excluded) & set(refused.nodes))
+        excluded = sorted(set(excluded) - set(refused.nodes))
     if usable < nodes and policy == "release_oldest" and excluded:
         oldest = sorted(excluded, key=lambda n: (exclusions[n].since or 0.0, n))[: nodes - usable]
         actions.append(

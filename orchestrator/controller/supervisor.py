@@ -135,6 +135,7 @@ class Controller:
             monotonic=monotonic,
             sleep=sleep,
             stack_wait_seconds=stack_wait_seconds,
+            judge_pool=lambda: self._pool([]),
         )
         self.observer = Observer(
             paths=self.paths,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from orchestrator.contract import TERMINAL_JOB_STATES, JobState  # noqa: F401 - re-exported
+from orchestrator.errors import SchedulerError
 
 # The one table from SLURM's job states and state flags (long and short names) to ours
 # (answers.read_job_state picks the word, as SLURM's job_state_string() does).
@@ -138,6 +139,22 @@ def sbatch_argv(request: SubmitRequest) -> list[str]:
     if request.exclude:
         argv.append(f"--exclude={','.join(request.exclude)}")
     return [*argv, *request.extra_args, str(request.script)]
+
+
+# What sbatch prints (after "Batch job submission failed: ") when no set of the partition's nodes,
+# less the --exclude list, can ever run the job: the same words in Slurm 22.05 and 24.11
+# (libslurmfull's ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE). SLURM refuses such a job at once
+# rather than queue it, unlike one that waits for down or drained nodes.
+NODE_CONFIG_UNAVAILABLE = "Requested node configuration is not available"
+
+
+class NodeConfigUnavailable(SchedulerError):
+    """sbatch refused the job: the nodes it may use (the partition's, less its exclusions) are too
+    few for it. No job exists; the same sbatch would be refused again."""
+
+
+def refused_for_nodes(sbatch_says: str) -> bool:
+    return NODE_CONFIG_UNAVAILABLE.lower() in sbatch_says.lower()
 
 
 class Scheduler(Protocol):

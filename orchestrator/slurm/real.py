@@ -31,7 +31,15 @@ from .answers import (  # noqa: F401 - decode_wait_status re-exported
     read_job_state,
     read_nodes,
 )
-from .base import JobInfo, JobState, NodeInfo, SubmitRequest, sbatch_argv
+from .base import (
+    JobInfo,
+    JobState,
+    NodeConfigUnavailable,
+    NodeInfo,
+    SubmitRequest,
+    refused_for_nodes,
+    sbatch_argv,
+)
 from .node_query import nodes_from_json, nodes_from_text
 
 SIGNAL_NAME = re.compile(r"^(SIG)?[A-Z0-9]{1,8}$")
@@ -118,7 +126,10 @@ class SlurmScheduler:
     # Submission --------------------------------------------------------------------------------
     def submit(self, request: SubmitRequest) -> str:
         args = sbatch_argv(request)
-        proc = self._run(args)
+        proc = self._run(args, check=False)
+        if proc.returncode != 0:
+            refused = refused_for_nodes(proc.stderr or "")
+            raise (NodeConfigUnavailable if refused else SchedulerError)(_show(args, proc))
         # --parsable prints "<id>" or "<id>;<cluster>".
         first = proc.stdout.strip().split(";")[0]
         if not JOB_ID.match(first):

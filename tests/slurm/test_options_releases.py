@@ -78,3 +78,24 @@ def test_our_sbatch_and_srun_options_are_accepted_by_22_05_and_24_11(local_clust
         assert not refused, f"SLURM {release} refuses what we submit: {refused}"
     # What the table in docs/slurm.md says differs: 24.11 refuses the R: flag here, 22.05 takes it.
     assert table["22.05"]["--signal=R:USR1@60"][0] and not table["24.11"]["--signal=R:USR1@60"][0]
+    # An exclude list that leaves the partition too few nodes: both refuse the job at once with the
+    # words controller/refusal.py acts on (a job that merely waits for nodes would be queued).
+    _refused_for_nodes(folder, {"22.05": local_cluster, "24.11": local_cluster_2411})
+
+
+def _refused_for_nodes(folder: Path, clusters: dict) -> None:
+    from orchestrator.slurm.base import NodeConfigUnavailable, SubmitRequest
+    from orchestrator.slurm.real import SlurmScheduler
+
+    two = folder / "two-nodes.sbatch"
+    two.write_text("#!/bin/sh\n#SBATCH --nodes=2\n#SBATCH --time=1\ntrue\n")
+    for release, cluster in clusters.items():
+        scheduler = SlurmScheduler(env=cluster.slurm_env())
+        all_but_one = sorted(scheduler.nodes())[1:]
+        try:
+            job = scheduler.submit(SubmitRequest(two, "refusal-check", exclude=all_but_one))
+        except NodeConfigUnavailable as refused:
+            assert "Requested node configuration is not available" in str(refused), release
+            continue
+        scheduler.cancel([job])
+        pytest.fail(f"SLURM {release} queued job {job} that excludes {all_but_one}: no refusal to act on")

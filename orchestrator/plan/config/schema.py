@@ -355,6 +355,8 @@ class ExclusionsConfig(Section):
     # When exclusions, down, drained and reserved nodes leave fewer than the job needs (nodes +
     # spare_nodes): always a critical event and notification; `wait` keeps every probation (the
     # job pends until nodes return), `release_oldest` releases the oldest probations until it fits.
+    # Either way the controller's own probations never leave the partition fewer nodes than the
+    # job: SLURM refuses such a job instead of queueing it (controller/refusal.py).
     on_pool_short: Literal["wait", "release_oldest"] = "wait"
 
 

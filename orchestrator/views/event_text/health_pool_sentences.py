@@ -128,3 +128,11 @@ def _(e: pev.SparesForNextJob) -> str:
 def _(e: pev.PoolRecovered) -> str:
     after = f" after {duration(e.short_for_seconds)}" if e.short_for_seconds is not None else ""
     return f"the node pool fits again{after}: {_n(e.usable)} usable of {_n(e.needed)} needed"
+
+
+@says(pev.SubmissionRefused)
+def _(e: pev.SubmissionRefused) -> str:
+    return (
+        f"SLURM refused the next job with --exclude={','.join(e.exclude) or '(none)'} (too few nodes left "
+        f"to run it): probation ended early for {_nodes(e.returned)}{_reason(e.why)}; submitting again"
+    )
