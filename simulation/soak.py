@@ -64,7 +64,9 @@ FAULT_MIX = [  # (kind, share, what the simulation does, bound key)
     ),
     ("host", FAULT_SHARES["host"], "a node is lost or frozen: its 8 ranks stop beating", "dead_rank"),
 ]
-
+# The daily honest eval of 5 minutes, on top of the config's: a cost of the injected anomalies that
+# no planner can know (bench/soak_month.py compares the planner with and without it).
+INJECTED_EVAL_SECONDS = 300.0
 
 BOUND_OF = {kind: bound for kind, _, _, bound in FAULT_MIX}
 # NCCL_ASYNC_ERROR_HANDLING=1 (configs/bloom-176b.yaml): PyTorch's NCCL watchdog aborts the process
@@ -148,7 +150,7 @@ def _heavy_tails(h: Harness, days: float, rng: random.Random) -> list[dict[str, 
             if kind == "step_2.5x":
                 inc.slow_steps.append(2.5)
             else:
-                inc.forced_eval_seconds = 300.0
+                inc.forced_eval_seconds = INJECTED_EVAL_SECONDS
             done.append({"t": t, "kind": kind, "job_id": inc.job_id})
 
         return act
