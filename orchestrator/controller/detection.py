@@ -168,6 +168,7 @@ def assess(
     stall_tolerance: float = 0.0,
     probed: dict[str, Verdict] | None = None,
     ask_after: float | None = None,
+    stalled_ranks: frozenset[int] = frozenset(),
 ) -> Assessment:
     """One supervision pass over the current incarnation's ranks (a plain loop: ~1 us per rank).
     `now`, `job_seen_at` and every time in `views` are on the controller's monotonic clock."""
@@ -274,11 +275,15 @@ def assess(
     result.ranks_seen = len(views)
     result.min_step, result.max_step, result.reference = min_step, max_step, reference
     init_limit = limits[Phase.INIT]
+    # A rank on a node found in a storage stall cannot write its first beat while the stall lasts:
+    # missing only once the stall tolerance has passed too.
+    stalled_limit = max(init_limit, stall_tolerance)
     if job_seen_at is not None and len(views) < world_size and now - job_seen_at > init_limit:
         for rank in range(world_size):
-            if rank not in views:
+            limit = stalled_limit if rank in stalled_ranks else init_limit
+            if rank not in views and now - job_seen_at > limit:
                 findings.append(
-                    Finding(Cause.MISSING_RANK, rank, "", Phase.INIT.value, 0, now - job_seen_at, init_limit)
+                    Finding(Cause.MISSING_RANK, rank, "", Phase.INIT.value, 0, now - job_seen_at, limit)
                 )
     return result
 

@@ -50,6 +50,14 @@ class Observer:
         self.reporter, self.monotonic = reporter, monotonic
         self._beat_reader = HeartbeatReader(paths.heartbeats)
         self._beat_files: list[list[Heartbeat]] = []
+        self._rank_nodes = jobs.RankNodes(cfg.cluster.gpus_per_node)
+
+    def _ranks_on(self, nodes: set[str], job: JobRecord) -> frozenset[int]:
+        """The ranks the launch places on `nodes` (none when there are none)."""
+        if not nodes:
+            return frozenset()
+        node_of = self._rank_nodes.node_of
+        return frozenset(r for r in range(self.cfg.world_size) if node_of(r, "", job) in nodes)
 
     def beats(self) -> list[Heartbeat]:
         """Every rank's last beat (entries unchanged since the last pass are not checked again).
@@ -167,6 +175,7 @@ class Observer:
             stall_tolerance=watchdog.stall_tolerance_seconds,
             probed=memory.prober.verdicts(running.job_id),
             ask_after=probe_after(watchdog),
+            stalled_ranks=self._ranks_on(memory.prober.stalled_nodes(running.job_id), running),
         )
         memory.node_beat_age = assessment.host_beat_age
         return assessment

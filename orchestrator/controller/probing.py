@@ -45,9 +45,17 @@ class Answer:
 @dataclass
 class NodeProber:
     asked: dict[tuple[str, str], Answer] = field(default_factory=dict)  # (job, node) -> its answer
+    # (job, SLURM node) found in a storage stall, until one of its ranks beats again: kept across a
+    # relaunch inside the job, whose ranks on that node cannot write their first beat while it lasts.
+    stalled: set[tuple[str, str]] = field(default_factory=set)
 
     def verdicts(self, job_id: str) -> dict[str, probe.Verdict]:
         return {node: a.verdict for (job, node), a in self.asked.items() if job == job_id}
+
+    def stalled_nodes(self, job_id: str) -> set[str]:
+        """The job's nodes found in a storage stall that have not beaten since: a relaunch's ranks
+        there are not missing while the stall may last (detection.assess, `stalled_ranks`)."""
+        return {node for job, node in self.stalled if job == job_id}
 
     def on_pass(
         self, view: JobView, ask: Callable[[str, str, str, float], str | None] | None
@@ -61,6 +69,13 @@ class NodeProber:
         quiet, hosts = set(view.assessment.quiet_hosts) | silent, len(view.assessment.host_beat_age)
         for key in [k for k in self.asked if k[0] != job_id or k[1] not in quiet or len(quiet) >= hosts]:
             del self.asked[key]
+        # Beating: a rank of the launch being judged (the assessment's hosts, not an earlier
+        # launch's beat files still on disk) on a node that is not quiet.
+        judged = view.assessment.host_beat_age
+        beating = {
+            node_of(b) for b in beats if b.job_id == job_id and b.host in judged and b.host not in quiet
+        }
+        self.stalled = {(job, node) for job, node in self.stalled if job == job_id and node not in beating}
         if ask is None or len(quiet) >= hosts:
             return []
         actions: list[Action] = []
@@ -83,6 +98,8 @@ class NodeProber:
             verdict, why = probe.verdict(report)
             answer = Answer(verdict, verdict is probe.Verdict.LOST or host in silent)
             self.asked[(job_id, host)] = answer
+            if verdict is probe.Verdict.STALL:
+                self.stalled.add((job_id, node))
             ranks = {str(r): s.value for r, s in sorted(report.ranks.items())}
             event = fev.NodeProbed(
                 job_id=job_id,

@@ -147,3 +147,34 @@ def test_a_probe_slurmctld_could_not_make_is_no_verdict_and_is_asked_again():
     down["ctld"] = False
     [probed] = prober.on_pass(silent(["node02"], beats), ask)
     assert probed.event.verdict == "dead" and prober.verdicts("7") == {"node02": Verdict.DEAD}
+
+
+def test_a_relaunchs_ranks_on_a_stalled_node_are_not_missing_until_the_stall_tolerance():
+    """A node found in a storage stall keeps that verdict across a relaunch inside the job until
+    one of its ranks beats again: the new launch's ranks there cannot write their first beat
+    while the stall lasts, so they are missing only once the stall tolerance has passed too (the
+    soak's false positive: a 10-minute node stall overlapping a relaunch, its 8 ranks 'missing'
+    after the 3.6-minute init limit learned from the warm standby's start)."""
+    prober = NodeProber()
+    beats = [beat(r, 1) for r in range(4)]
+    prober.on_pass(silent(["node02"], beats), lambda *a: "rank 1 101 D\nfs stuck\n")
+    assert prober.stalled_nodes("7") == {"node02"}
+    relaunched = [beat(r, 1) for r in (0, 2, 3)]  # node02's rank 1 has not beaten in the new launch
+    on_disk = [*relaunched, beat(1, 1)]  # node02's beat file of the launch before is still there
+    prober.on_pass(job_view(beats=on_disk, host_beat_age={"node01": 0.0, "node03": 0.0, "node04": 0.0}), None)
+    assert prober.stalled_nodes("7") == {"node02"}, "kept while node02 has not beaten in this launch"
+
+    def missing(stalled_ranks, now):
+        live = Liveness(SILENT_AFTER)
+        views = live.observe([[b] for b in relaunched], "7", now)  # the others beat; the launch began at 0
+        a = assess(views, job_id="7", job_seen_at=0.0, world_size=4, now=now, dead_after=DEAD_AFTER,
+                   silent_after=SILENT_AFTER, timeouts=timeouts(), stall_tolerance=100.0,
+                   stalled_ranks=stalled_ranks)  # fmt: skip
+        return [f.rank for f in a.dead]
+
+    init_limit = timeouts().timeout("init")
+    assert missing(frozenset(), init_limit + 1) == [1], "no stall known: missing at the init limit"
+    assert missing(frozenset({1}), init_limit + 1) == [], "on the stalled node: not yet"
+    assert missing(frozenset({1}), max(init_limit, 100.0) + 1) == [1], "the tolerance still ends it"
+    prober.on_pass(job_view(beats=beats, host_beat_age={f"node0{i}": 0.0 for i in range(1, 5)}), None)
+    assert prober.stalled_nodes("7") == set(), "node02 beats again: its stall is over"
