@@ -100,6 +100,8 @@ class NodeProber:
             self.asked[(job_id, host)] = answer
             if verdict is probe.Verdict.STALL:
                 self.stalled.add((job_id, node))
+            else:  # a later answer replaces an early "stall"
+                self.stalled.discard((job_id, node))
             ranks = {str(r): s.value for r, s in sorted(report.ranks.items())}
             event = fev.NodeProbed(
                 job_id=job_id,

@@ -178,3 +178,13 @@ def test_a_relaunchs_ranks_on_a_stalled_node_are_not_missing_until_the_stall_tol
     assert missing(frozenset({1}), max(init_limit, 100.0) + 1) == [1], "the tolerance still ends it"
     prober.on_pass(job_view(beats=beats, host_beat_age={f"node0{i}": 0.0 for i in range(1, 5)}), None)
     assert prober.stalled_nodes("7") == set(), "node02 beats again: its stall is over"
+
+
+def test_a_later_answer_replaces_an_early_stall():
+    answers = ["rank 1 101 D request_wait_answer\nfs stuck\n", "rank 1 101 T\nfs ok\n"]
+    prober, beats = NodeProber(), [beat(r, 1) for r in range(4)]
+    [early] = prober.on_pass(silent([], beats, quiet=["node02"]), lambda *a: answers.pop(0))
+    assert early.event.verdict == "stall" and "request_wait_answer" in early.event.why
+    assert prober.stalled_nodes("7") == {"node02"}
+    prober.on_pass(silent(["node02"], beats), lambda *a: answers.pop(0))
+    assert prober.verdicts("7") == {"node02": Verdict.DEAD} and prober.stalled_nodes("7") == set()
