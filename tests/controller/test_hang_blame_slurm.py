@@ -216,7 +216,7 @@ def test_a_node_whose_storage_stalls_is_waited_for_then_a_frozen_node_is_dead_an
         print(
             f"probed: {probed}\nfailures: {[(f['cause'], f['detection_time'] - done.get('time', 0)) for f in failures]}"
         )
-        assert done, "never saw rank 1 in its save"
+        assert done, f"never saw rank 1 in its save: {status}\n{job_outputs(ctl.paths)[-3000:]}"
         if mount is not None:
             assert_stall_waited_for(stall, [e for e in probed if e["time"] < done["time"]], events)
         probed = [e for e in probed if e["time"] > done["time"]]
