@@ -71,11 +71,15 @@ class NodeProber:
             del self.asked[key]
         # Beating: a rank of the launch being judged (the assessment's hosts, not an earlier
         # launch's beat files still on disk) on a node that is not quiet.
-        judged = view.assessment.host_beat_age
-        beating = {
-            node_of(b) for b in beats if b.job_id == job_id and b.host in judged and b.host not in quiet
-        }
-        self.stalled = {(job, node) for job, node in self.stalled if job == job_id and node not in beating}
+        # Only while a stall is known: the pass otherwise skips a walk over every rank's beat.
+        if self.stalled:
+            judged = view.assessment.host_beat_age
+            beating = {
+                node_of(b) for b in beats if b.job_id == job_id and b.host in judged and b.host not in quiet
+            }
+            self.stalled = {
+                (job, node) for job, node in self.stalled if job == job_id and node not in beating
+            }
         if ask is None or len(quiet) >= hosts:
             return []
         actions: list[Action] = []
