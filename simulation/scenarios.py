@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.contract import failure_events as fev
 from orchestrator.contract.causes import Cause
 from orchestrator.contract.codes import ExitCode
 from orchestrator.controller.probing import PROBE_TIMEOUT_SECONDS
@@ -181,6 +182,38 @@ def stall_one_node(seconds: float, node_index: int = 7):
         facts.update(clear=t + seconds, stalled_node=node)
 
     return act
+
+
+def lose_node_then_stall_one_at_relaunch(seconds: float, node_index: int = 7):
+    """node021 dies; as the relaunch on a spare begins, another node's storage stalls for
+    `seconds`: its new ranks cannot write a first beat, and it was never quiet to be asked."""
+    lose = lose_node()
+
+    def act(h: Harness, t: float, facts: dict) -> None:
+        lose(h, t, facts)
+
+        def stall_at_relaunch(when: float) -> None:
+            node = h.world.running_incarnation().nodes[node_index]
+            h.world.stall_node_storage(when, node, seconds)
+            facts.update(stalled_node=node, clear=when + seconds)
+
+        h.when("relaunch", 0.0, stall_at_relaunch, quiet=seconds + 600)
+
+    return act
+
+
+def stall_at_relaunch_waited_for(h: Harness, facts: dict) -> list[str]:
+    """The stalled node was asked before its first beat and said stall; no second failure."""
+    node = facts.get("stalled_node")
+    asked = [e for _, _, e in h.events_named("node_probed") if e.node == node]
+    problems = []
+    if not any(e.before_first_beat and e.verdict == "stall" for e in asked):
+        problems.append(f"{node} was not found in a stall before its first beat: {[e.to_dict() for e in asked]}")
+    failures = [e for e in h.events if e[1] >= facts["t"] and isinstance(e[2], fev.Failure)]
+    if len(failures) != 1:
+        problems.append(f"{len(failures)} failures after the node loss, expected 1: "
+                        f"{[(e[2].cause, [r.get('rank') for r in e[2].ranks][:3]) for e in failures]}")  # fmt: skip
+    return problems
 
 
 def stalled_node_recorded(h: Harness, facts: dict) -> list[str]:
@@ -510,6 +543,12 @@ SCENARIOS = [
              "compute on: a stall (said once), not a lost node", bound="none", expect="nothing", exclude="none",
              inject=fault_after("training", 1800, "none", stall_one_node(600), quiet=600),
              check=both(stalled_node_recorded, probe_said("stall", "stalled_node"))),
+    Scenario("node_storage_stall_at_relaunch", given="20 min after the first save",
+             fault="node021 dies; as the relaunch on a spare begins, node008's writes block for 600 s: its new "
+             "ranks cannot beat, a stall, not missing ranks", bound=Cause.DEAD_RANK, expect="restart",
+             exclude="culprit", inject=fault_after("save_done", 1200, Cause.DEAD_RANK,
+                                                   lose_node_then_stall_one_at_relaunch(600)),
+             check=both(stall_at_relaunch_waited_for, stalled_node_recorded), watch_after=2400),
     Scenario("clock_skew", given="node005-008 at +60 s, node009-012 at -60 s, 1 h of training",
              fault="node006 (+60 s) freezes (its processes stop, the node answers)", bound=Cause.DEAD_RANK,
              expect="restart", exclude="culprit", inject=skewed_then_frozen_node, check=probe_said("dead")),

@@ -302,7 +302,7 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
     # Every probe's verdict: of a node an injected fault stopped, or of one without (a storage
     # stall, or a beat late: an early answer, which decides nothing but "lost").
     probe_verdicts = dict(collections.Counter(
-        f"{'fault' if i in answered else 'no fault'}: {e[2].verdict}{' (early)' if e[2].early else ''}"
+        f"{'fault' if i in answered else 'no fault'}: {e[2].verdict}{' (early)' if e[2].early else ''}{' (before its first beat)' if e[2].before_first_beat else ''}"
         for i, e in enumerate(probes)
     ))  # fmt: skip
     restart_hours = statistics.fmean(costs) / 3600 if costs else 0.0

@@ -16,7 +16,8 @@ class NodeProbed(Event):
     """A node whose every rank went silent while the job ran was asked (controller/probe.py):
     `verdict` lost, dead, stall or undecided, `why` in words, `ranks` rank -> process state.
     `early`: asked after one late beat; unless "lost", such an answer stands until the node, still
-    silent, is asked again (controller/probing.py)."""
+    silent, is asked again (controller/probing.py). `before_first_beat`: asked because none of its
+    ranks had beaten in a launch whose others had (no ranks to look at: its filesystem answers)."""
 
     KIND = "node_probed"
     job_id: str
@@ -26,6 +27,7 @@ class NodeProbed(Event):
     fs_answers: bool | None = None
     ranks: dict[str, str] = field(default_factory=dict)
     early: bool = False
+    before_first_beat: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,7 +33,10 @@ node's. Rules, for the ranks of the current incarnation of the job that is runni
   unreachable, dead now (lost); a rank stopped or running without beats, dead at `dead_after`;
   a rank in D or its filesystem not answering, a stall up to `stall_tolerance`; undecided, the
   rules above. `Assessment.quiet_hosts` lists the nodes to ask (`ask_after`), `silent_hosts` those
-  whose early answer is to be confirmed.
+  whose early answer is to be confirmed, `unseen_ranks` the ranks that never beat in a launch whose
+  others have beaten for `ask_after` (their node is asked: a stall that began at the launch);
+- a missing rank on a node found in a storage stall (`stalled_ranks`) is missing only once the
+  stall tolerance has passed too: it cannot write its first beat while the stall lasts.
 One incident is one incident: when at least half of the ranks are dead at once, the job, the
 filesystem or the network is suspected, not N nodes (`Assessment.job_wide`), and the nodes blamed
 by one incident are capped (`culprit_nodes`).
@@ -104,6 +107,11 @@ class Assessment:
     # for `silent_after` (an early answer is asked again then).
     quiet_hosts: list[str] = field(default_factory=list)
     silent_hosts: list[str] = field(default_factory=list)
+    # Ranks that have not beaten while the launch's others have beaten for `ask_after` (since
+    # `unseen_since`): a node none of whose ranks ever beat may be in a storage stall that began
+    # at the launch, and is asked too (probing.py).
+    unseen_ranks: list[int] = field(default_factory=list)
+    unseen_since: float | None = None
 
     @property
     def dead(self) -> list[Finding]:
@@ -169,6 +177,7 @@ def assess(
     probed: dict[str, Verdict] | None = None,
     ask_after: float | None = None,
     stalled_ranks: frozenset[int] = frozenset(),
+    first_beat_at: float | None = None,
 ) -> Assessment:
     """One supervision pass over the current incarnation's ranks (a plain loop: ~1 us per rank).
     `now`, `job_seen_at` and every time in `views` are on the controller's monotonic clock."""
@@ -237,6 +246,9 @@ def assess(
     ask_after = silent_after if ask_after is None else min(ask_after, silent_after)
     result.quiet_hosts = sorted(host for host, age in freshest.items() if age > ask_after)
     result.silent_hosts = sorted(host for host, age in freshest.items() if age > silent_after)
+    if first_beat_at is not None and 0 < len(views) < world_size and now - first_beat_at > ask_after:
+        result.unseen_ranks = [rank for rank in range(world_size) if rank not in views]
+        result.unseen_since = first_beat_at
     if over:
         silent = (
             _judge_silence(

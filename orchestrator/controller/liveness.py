@@ -83,6 +83,7 @@ class Liveness:
         self.incarnation: tuple[int, int] = (-1, -1)
         self.min_incarnation: tuple[int, int] = (0, 0)
         self.job_seen_at: float | None = None  # monotonic: first pass that saw this incarnation running
+        self.first_beat_at: float | None = None  # monotonic: first pass that saw one of its ranks beat
         self.ranks: dict[int, RankView] = {}
         # Views whose beat is new in the last pass and reports gaps between marks that may be new
         # (a new rank, or its mark_gaps not the same object as before: the reader keeps the
@@ -96,7 +97,7 @@ class Liveness:
     def reset(self, job_id: str | None) -> None:
         self.job_id = job_id
         self.incarnation, self.min_incarnation = (-1, -1), (0, 0)
-        self.job_seen_at = None
+        self.job_seen_at = self.first_beat_at = None
         self.ranks, self._files = {}, {}
 
     def expect_new_incarnation(self, after_launch: int | None = None) -> None:
@@ -106,7 +107,7 @@ class Liveness:
         restarts = max(self.incarnation[0], 0)
         after = (restarts, after_launch + 1) if after_launch is not None else (self.incarnation[0] + 1, 0)
         self.min_incarnation = max(self.min_incarnation, after)
-        self.job_seen_at = None
+        self.job_seen_at = self.first_beat_at = None
         self.ranks, self._files = {}, {}
 
     def observe(
@@ -132,7 +133,7 @@ class Liveness:
             # was seen holding them, and made this the incarnation then.)
             if self.ranks:  # a requeue we had not heard of from SLURM: start over
                 self.ranks = {}
-                self.job_seen_at = now
+                self.job_seen_at, self.first_beat_at = now, None
             self.incarnation = newest
         restarts, launch = self.incarnation
         ranks, silent_after = self.ranks, self.silent_after
@@ -150,6 +151,8 @@ class Liveness:
             if view is not None and view.beat is beat:  # the reader's same object: nothing changed
                 continue
             if view is None:
+                if self.first_beat_at is None:
+                    self.first_beat_at = now
                 view = ranks[rank] = RankView(rank, beat, now, now, now)
                 gaps_changed.append(view)
                 continue

@@ -176,6 +176,7 @@ class Observer:
             probed=memory.prober.verdicts(running.job_id),
             ask_after=probe_after(watchdog),
             stalled_ranks=self._ranks_on(memory.prober.stalled_nodes(running.job_id), running),
+            first_beat_at=memory.liveness.first_beat_at,
         )
         memory.node_beat_age = assessment.host_beat_age
         return assessment

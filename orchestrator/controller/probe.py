@@ -125,7 +125,9 @@ def verdict(report: ProbeReport) -> tuple[Verdict, str]:
             Verdict.DEAD,
             f"{report.node} answered, its ranks run but do not beat, its storage answers: not a stall",
         )
+    if not report.ranks:  # none asked about (no rank of it had beaten): the filesystem answered
+        return Verdict.UNDECIDED, f"{report.node} answered, its filesystem answers a stat: undecided"
     return (
         Verdict.UNDECIDED,
-        f"{report.node} answered, its ranks {sorted(s.value for s in states) or 'not found'}: undecided",
+        f"{report.node} answered, its ranks {sorted(s.value for s in states)}: undecided",
     )

@@ -14,6 +14,12 @@ twice per incident, never once a pass.
 The step runs inside the job's allocation (`srun --overlap`), bounded by PROBE_TIMEOUT_SECONDS, at
 most MAX_ASKED_PER_PASS nodes a pass: a controller pass waits for them at most that long. A probe that could not be made because slurmctld does not answer
 (SchedulerError) says nothing of the node: no verdict, the node is asked again on a later pass.
+A node none of whose ranks has beaten in a launch whose other ranks have beaten for `ask_after`
+(`Assessment.unseen_ranks`) is asked too, once per launch: a storage stall that began at the launch
+keeps its ranks from writing a first beat, and without an answer they would be missing at the
+init limit and the node excluded for a stall. There are no pids to look at: the stat of the run
+directory answers. Found in a stall, its ranks are not missing while the tolerance lasts, and the
+stall watch counts it from when the others began to beat (`stalled_before_beating`).
 Nobody is asked when every node is silent: that is the filesystem (a full or stalled one answers
 a stat and leaves the ranks running), not N frozen nodes. A scheduler without `probe_node` (the
 mocked SLURM) is never asked: today's rule decides.
@@ -48,6 +54,9 @@ class NodeProber:
     # (job, SLURM node) found in a storage stall, until one of its ranks beats again: kept across a
     # relaunch inside the job, whose ranks on that node cannot write their first beat while it lasts.
     stalled: set[tuple[str, str]] = field(default_factory=set)
+    # (job, SLURM node) asked because none of its ranks had beaten in the launch -> the monotonic
+    # time the launch's others began to beat; kept while none of them has.
+    asked_unseen: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def verdicts(self, job_id: str) -> dict[str, probe.Verdict]:
         return {node: a.verdict for (job, node), a in self.asked.items() if job == job_id}
@@ -56,6 +65,16 @@ class NodeProber:
         """The job's nodes found in a storage stall that have not beaten since: a relaunch's ranks
         there are not missing while the stall may last (detection.assess, `stalled_ranks`)."""
         return {node for job, node in self.stalled if job == job_id}
+
+    def stalled_before_beating(self, job_id: str) -> dict[str, float]:
+        """The job's nodes found in a storage stall before any of their ranks beat in this launch,
+        with when the launch's other ranks began to beat (stalls.StallWatch counts the stall from
+        then, and records it when the node beats)."""
+        return {
+            node: since
+            for (job, node), since in self.asked_unseen.items()
+            if job == job_id and (job, node) in self.stalled
+        }
 
     def on_pass(
         self, view: JobView, ask: Callable[[str, str, str, float], str | None] | None
@@ -80,6 +99,9 @@ class NodeProber:
             self.stalled = {
                 (job, node) for job, node in self.stalled if job == job_id and node not in beating
             }
+        unseen = self._unseen_nodes(view) if view.assessment.unseen_ranks else set()
+        for key in [k for k in self.asked_unseen if k[0] != job_id or k[1] not in unseen]:
+            del self.asked_unseen[key]
         if ask is None or len(quiet) >= hosts:
             return []
         actions: list[Action] = []
@@ -117,4 +139,41 @@ class NodeProber:
                 early=host not in silent,
             )
             actions.append(Record(event))
+        for node in sorted(unseen):
+            if (job_id, node) in self.asked_unseen:
+                continue
+            if len(actions) >= MAX_ASKED_PER_PASS:
+                break
+            try:
+                output = ask(job_id, node, probe.script({}, run_dir, FS_SECONDS), PROBE_TIMEOUT_SECONDS)
+            except SchedulerError:
+                break
+            report = probe.parse(node, output)
+            verdict, why = probe.verdict(report)
+            self.asked_unseen[(job_id, node)] = view.assessment.unseen_since or view.mono
+            if verdict is probe.Verdict.STALL:
+                self.stalled.add((job_id, node))
+            event = fev.NodeProbed(
+                job_id=job_id,
+                node=node,
+                verdict=verdict.value,
+                why=why,
+                fs_answers=report.fs_answers,
+                before_first_beat=True,
+            )
+            actions.append(Record(event))
         return actions
+
+    def _unseen_nodes(self, view: JobView) -> set[str]:
+        """The job's nodes none of whose ranks has beaten in the launch being judged, while its
+        other ranks have (for ask_after: Assessment.unseen_ranks)."""
+        reference, job_id = view.assessment.reference, view.job.job_id
+        if reference is None:
+            return set()
+        launch = (reference.restart_count, reference.launch)
+        beating = {
+            view.node_of(b)
+            for b in view.beats
+            if b.job_id == job_id and (b.restart_count, b.launch) == launch
+        }
+        return {view.node_of_rank(rank, "") for rank in view.assessment.unseen_ranks} - beating

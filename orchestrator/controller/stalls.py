@@ -5,6 +5,8 @@ broken, so one stall excludes nothing. Rules, on the controller's monotonic cloc
 liveness.py's, per host: seconds since its stalest rank's beat changed):
 - a node is silent once its age reaches `stall_seconds` (default 3 beats) while most of the job
   still beats (a job-wide stall is the filesystem's or the job's, not the node's);
+- a node the probe found in a storage stall before any of its ranks beat in a launch
+  (`stalled_before_beating`, probing.py) is silent from when the launch's others began to beat;
 - it stalled when it beats again in the same job: a `node_stalled` event with how long;
 - the `stall_limit`-th stall within `stall_window_hours` (wall clock of the controller) puts it
   on probation (an Exclude, cause repeated_stalls): the next job does without it.
@@ -14,6 +16,7 @@ Cost: one dict lookup per node per pass.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.contract import pool_events as pev
@@ -31,12 +34,16 @@ class StallWatch:
         self.silent: dict[str, tuple[str, float]] = {}  # node -> (job, monotonic when it went quiet)
         self.history: dict[str, list[float]] = {}  # node -> wall times of its stalls
 
-    def on_pass(self, view: JobView) -> list[Action]:
+    def on_pass(
+        self, view: JobView, stalled_before_beating: Mapping[str, float] | None = None
+    ) -> list[Action]:
         job_id, beat_ages, job_wide = view.job.job_id, view.assessment.host_beat_age, view.assessment.job_wide
         mono, wall, excluded = view.mono, view.wall, view.excluded
         actions: list[Action] = []
         for node in [n for n, (job, _) in self.silent.items() if job != job_id]:
             del self.silent[node]  # its job ended: not a stall that came back
+        for node, since in (stalled_before_beating or {}).items():
+            self.silent.setdefault(node, (job_id, since))
         quiet = sum(1 for age in beat_ages.values() if age >= self.threshold)
         if job_wide or 2 * quiet >= max(1, len(beat_ages)):
             return actions  # most of the job is quiet: not one node's stall

@@ -385,7 +385,7 @@ class Controller:
             self._apply([Record(started[1]), *map(Record, upkeep.dropped_copies(assessment))], done)
         self._apply(health_policy.rollback_applied(self.state, running.job_id, assessment.reference), done)
         self._apply(memory.stragglers.on_pass(view), done)
-        self._apply(memory.stalls.on_pass(view), done)
+        self._apply(memory.stalls.on_pass(view, memory.prober.stalled_before_beating(running.job_id)), done)
         if assessment.findings:
             self._failures(view, done)
             return True

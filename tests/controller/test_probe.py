@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 
+from fakes import make_config
 from test_detection import DEAD_AFTER, SILENT_AFTER, beat, timeouts
 
 from orchestrator.controller import probe
@@ -188,3 +189,77 @@ def test_a_later_answer_replaces_an_early_stall():
     assert prober.stalled_nodes("7") == {"node02"}
     prober.on_pass(silent(["node02"], beats), lambda *a: answers.pop(0))
     assert prober.verdicts("7") == {"node02": Verdict.DEAD} and prober.stalled_nodes("7") == set()
+
+
+def test_a_node_whose_ranks_never_beat_in_a_relaunch_is_asked_and_its_stall_waited_for():
+    """A storage stall that begins at a relaunch: the node was never quiet (its ranks never beat
+    in the new launch), so only the launch's others beating tells it apart. It is asked once, with
+    no pids (its filesystem answers); found stalled, its ranks are not missing at the init limit,
+    and when they beat the stall watch records the stall from when the others began to beat."""
+    from orchestrator.controller.stalls import StallWatch
+
+    def relaunch(rank, seq):
+        return beat(rank, seq, restart_count=1)
+
+    old = beat(1, 1)  # node02's beat file of the launch before is still there
+    live, ask_after = Liveness(SILENT_AFTER), 2.0
+
+    def at(now, beats, stalled=frozenset()):
+        views = live.observe([[b] for b in beats], "7", now)
+        return assess(views, job_id="7", job_seen_at=0.0, world_size=4, now=now, dead_after=DEAD_AFTER,
+                      silent_after=SILENT_AFTER, timeouts=timeouts(), stall_tolerance=100.0, ask_after=ask_after,
+                      stalled_ranks=stalled, first_beat_at=live.first_beat_at)  # fmt: skip
+
+    others = [relaunch(r, 1) for r in (0, 2, 3)]
+    assert at(1.0, [*others, old]).unseen_ranks == [], "the others began to beat only now"
+    early = at(2.5, [relaunch(r, 2) for r in (0, 2, 3)] + [old])
+    assert early.unseen_ranks == [1] and early.unseen_since == 1.0
+    asked = []
+
+    def ask(job, node, script, timeout):
+        asked.append((node, script))
+        return "fs stuck\n"
+
+    def view(assessment, beats):
+        node_of = lambda rank, host: host or f"node{rank + 1:02d}"  # noqa: E731
+        return job_view(beats=beats, assessment=assessment, node_of=node_of, mono=2.5)
+
+    prober = NodeProber()
+    [probed] = prober.on_pass(view(early, [*others, old]), ask)
+    assert [node for node, _ in asked] == ["node02"] and "/proc/" not in asked[0][1], "no pids to look at"
+    assert probed.event.verdict == "stall" and probed.event.before_first_beat
+    assert prober.stalled_nodes("7") == {"node02"} and prober.stalled_before_beating("7") == {"node02": 1.0}
+    assert prober.on_pass(view(early, [*others, old]), ask) == [] and len(asked) == 1, "once per launch"
+    init_limit = timeouts().timeout("init")
+    still = [relaunch(r, 3) for r in (0, 2, 3)]
+    assert at(init_limit + 1, still, stalled=frozenset({1})).dead == [], "stalled: not missing at the init limit"
+
+    stalls = StallWatch(make_config().exclusions, heartbeat_seconds=0.1)
+    stalls.on_pass(view(early, others), prober.stalled_before_beating("7"))
+    everyone = [*[relaunch(r, 4) for r in (0, 2, 3)], relaunch(1, 1)]
+    back = at(init_limit + 2, everyone, stalled=frozenset({1}))
+    assert back.unseen_ranks == [] and back.dead == []
+    prober.on_pass(view(back, everyone), ask)
+    assert prober.stalled_nodes("7") == set() and prober.stalled_before_beating("7") == {}
+    [recorded] = stalls.on_pass(job_view(beats=everyone, assessment=back, mono=init_limit + 2))
+    assert recorded.event.node == "node02" and recorded.event.seconds == init_limit + 1
+
+
+def test_a_node_whose_ranks_never_beat_and_whose_storage_answers_is_missing_at_the_init_limit():
+    live = Liveness(SILENT_AFTER)
+
+    def at(now, seq):
+        views = live.observe([[beat(r, seq)] for r in (0, 2, 3)], "7", now)
+        return assess(views, job_id="7", job_seen_at=0.0, world_size=4, now=now, dead_after=DEAD_AFTER,
+                      silent_after=SILENT_AFTER, timeouts=timeouts(), ask_after=2.0,
+                      first_beat_at=live.first_beat_at)  # fmt: skip
+
+    at(0.0, 1)
+    a = at(3.0, 2)
+    prober, node_of = NodeProber(), lambda rank, host: host or f"node{rank + 1:02d}"
+    [probed] = prober.on_pass(job_view(beats=[beat(r, 2) for r in (0, 2, 3)], assessment=a, node_of=node_of),
+                              lambda *args: "fs ok\n")  # fmt: skip
+    assert probed.event.node == "node02" and probed.event.verdict == "undecided"
+    assert "filesystem answers" in probed.event.why and prober.stalled_nodes("7") == set()
+    init_limit = timeouts().timeout("init")
+    assert [f.rank for f in at(init_limit + 1, 3).dead] == [1], "no stall: missing at the init limit"

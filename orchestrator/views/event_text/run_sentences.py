@@ -234,6 +234,8 @@ def _(e: fev.RelaunchNotPossible) -> str:
 
 @says(fev.NodeProbed)
 def _(e: fev.NodeProbed) -> str:
+    if e.before_first_beat:
+        return f"asked {e.node}, whose ranks have not beaten since job {e.job_id}'s launch: {e.verdict} ({e.why})"
     if e.early and e.verdict != "lost":
         return f"asked {e.node}, a beat late in job {e.job_id}: {e.verdict} ({e.why}); asked again if it stays silent"
     return f"asked {e.node}, silent in job {e.job_id}: {e.verdict} ({e.why})"
