@@ -14,7 +14,7 @@ Pass spacing (what keeps a simulated month cheap without changing an outcome):
   end, one pass per dead_after between: the silent files' age only grows, so what a pass in the
   middle would conclude, the next one still does;
 - a pass exactly at each note of the world (a job starts or stops, a save, an eval or a slowed
-  step begins or ends), so each phase is seen by a pass;
+  step begins or ends, SLURM declares a node DOWN), so each phase is seen by a pass;
 - otherwise sparse, at most `cap_seconds` apart. Where every rank beats every heartbeat_seconds
   and makes progress marks every few seconds (steps, a 2.5x step, an eval: the marks move), no
   pass can find anything, whatever the spacing, and the limits learned from the marks are the

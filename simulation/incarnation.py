@@ -298,13 +298,15 @@ class Incarnation:
             self.world.timings.noisy(self.world.rng, self.world.timings.save_seconds) * self.next_save_factor
         )
         self.next_save_factor = 1.0
-        fraction = self.world.timings.async_stall_fraction
-        stall = seconds if fraction is None or self.stop_after_step is not None else seconds * fraction
-        self._begin(marks.chunks(Phase.CHECKPOINT, t, stall, Mark.SAVE_BYTES, marks.SAVE_CHUNKS))
-        self.world.note("save_start", t, job_id=self.job_id, step=self.step)
-        if stall == seconds:
+        snapshot = self.world.timings.async_stall_seconds
+        if snapshot is None or self.stop_after_step is not None:
+            self._begin(marks.chunks(Phase.CHECKPOINT, t, seconds, Mark.SAVE_BYTES, marks.SAVE_CHUNKS))
+            self.world.note("save_start", t, job_id=self.job_id, step=self.step)
             self._at(t + seconds, self._save_done)
             return
+        stall = self.world.timings.noisy(self.world.rng, snapshot)
+        self._begin(marks.chunks(Phase.CHECKPOINT, t, stall, Mark.SAVE_BYTES, marks.SAVE_CHUNKS))
+        self.world.note("save_start", t, job_id=self.job_id, step=self.step)
         step = self.step
         self.writing_until = t + stall + seconds
         self.world.at(self.writing_until, lambda when: self._background_write_done(when, step))

@@ -28,7 +28,8 @@ What it does, and the rules it follows (SLURM 22.05's, simplified):
   answered by the world (`on_probe`: the node's ranks as /proc would show them); it fails (None)
   while slurmctld does not answer, as srun does then.
 Jobs are never forgotten (as with accounting), so `jobs()` answers UNKNOWN only for ids it never had.
-The world is told when a job starts and stops (`on_start`, `on_stop`); the ranks are the world's.
+The world is told when a job starts and stops (`on_start`, `on_stop`) and when a node goes DOWN
+(`on_node_down`: the controller sees the pool shrink then); the ranks are the world's.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class SimSlurm:
         self.on_stop: Callable[[SimJob, float, str], None] = lambda job, t, why: None
         self.on_signal: Callable[[SimJob, float], None] = lambda job, t: None
         self.on_node_lost: Callable[[SimJob, str, float], None] = lambda job, node, t: None
+        self.on_node_down: Callable[[str, float], None] = lambda node, t: None
         self.on_probe: Callable[[str, str, float], str | None] = lambda job_id, node, timeout: None
         self._node_fail_at: dict[str, float] = {}  # node -> when SLURM declares it DOWN
         self._next_id = 4200
@@ -367,6 +369,7 @@ class SimSlurm:
     def _node_down(self, node: str, t: float) -> None:
         self.down.add(node)
         self.down_reason[node] = "Not responding"
+        self.on_node_down(node, t)
         if self.repair_seconds is not None:
             self._repair_at[node] = t + self.rng.uniform(*self.repair_seconds)
         for job in self.running():

@@ -380,7 +380,7 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
                 "work_lost_per_fault_hours_sim": lost["recomputed_steps"] / 3600 / len(real) if real else 0.0,
                 "eval_and_job_turnover_fraction": planned_turnover / wall,
                 "why": "the planner counts evals at the config's interval only (the heavy anomalies add a "
-                "5-minute eval a day, 0.35 points), a save as its 30 s stall, a turnover every job_hours, "
+                "5-minute eval a day, 0.35 points), a save as its planned stall (save_stall_seconds), a turnover every job_hours, "
                 "and tau/2 of recomputed work per fault, where the sim charges the real time since the "
                 "last complete save (an async save in flight is lost with the job); with ~6 faults a "
                 "month the fault count and the work lost per fault carry Poisson/uniform noise of +-0.3 "

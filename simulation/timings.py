@@ -22,8 +22,10 @@ Every figure is derived here, once, and written into the soak's output:
 - the login node hashes a checkpoint at 1 GB/s (one thread reading GPFS and computing sha256);
 - a node SLURM declared DOWN is back in service after 4 to 72 h, drawn uniformly (an admin
   reboots it, or replaces a part; an assumption);
-- async saves (`checkpoint.async_save`): training stalls for save_seconds x async_stall_fraction
-  (the host snapshot), the write takes save_seconds in the background.
+- async saves (`checkpoint.async_save`): training stalls for the planner's `save_stall_seconds`
+  (4.9 s for bloom-176b.yaml: 13.9 GB of host snapshot per rank / checkpoint.snapshot_gb_per_second
+  = 5.7 GB/s, plus the probe batch's forward, 2.5 s), the write takes save_seconds in the
+  background; a slow filesystem slows the write, not the stall.
 Each duration gets seeded multiplicative noise (`noise(kind)`).
 """
 
@@ -59,7 +61,7 @@ class Timings:
     pre_timeout_seconds: float
     heartbeat_seconds: float
     repair_seconds: tuple[float, float] = (4 * 3600.0, 72 * 3600.0)
-    async_stall_fraction: float | None = None  # None: synchronous saves
+    async_stall_seconds: float | None = None  # None: synchronous saves
     relative_noise: float = 0.02
     paths: RestartPaths | None = None
 
@@ -92,9 +94,7 @@ class Timings:
             time_limit_seconds=parse_time_limit(cfg.cluster.time_limit),
             pre_timeout_seconds=float(cfg.cluster.pre_timeout_seconds or 0),
             heartbeat_seconds=float(cfg.watchdog.heartbeat_seconds),
-            async_stall_fraction=(
-                float(cfg.checkpoint.async_stall_fraction) if cfg.checkpoint.async_save else None
-            ),
+            async_stall_seconds=float(plan.save_stall_seconds) if cfg.checkpoint.async_save else None,
             paths=paths,
         )
 

@@ -95,6 +95,7 @@ class World:
             self._signal,
         )
         self.slurm.on_node_lost = self._node_lost
+        self.slurm.on_node_down = lambda node, t: self.note("node_down", t, node=node)
         self.slurm.on_probe = self._probe
         self.skew: dict[str, float] = {}
         self.step_tail: tuple[random.Random, float] | None = None  # (rng, sigma): lognormal step noise

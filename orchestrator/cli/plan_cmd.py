@@ -36,9 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="failure to training again on a spare inside the job (default: the config's watchdog value)",
     )
     parser.add_argument(
-        "--async-stall-fraction",
+        "--snapshot-gb-per-second",
         type=float,
-        help="training stall of an async save / save time (default: checkpoint.async_stall_fraction)",
+        help="one GPU's device-to-host copy rate in an async save (default: checkpoint.snapshot_gb_per_second)",
     )
     parser.set_defaults(func=run)
 
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_save_seconds=args.save_seconds,
         spare_nodes=args.spare_nodes,
         in_allocation_restart_minutes=args.in_allocation_restart_minutes,
-        async_stall_fraction=args.async_stall_fraction,
+        snapshot_gb_per_second=args.snapshot_gb_per_second,
     )
     if args.json:
         print(json.dumps(plan.flat(), indent=2))
@@ -80,7 +80,7 @@ OVERRIDES = {
     "--save-seconds": ("save_seconds", 0.0, False, "seconds > 0 for one checkpoint save"),
     "--spare-nodes": ("spare_nodes", 0, True, "0 or more spare nodes"),
     "--in-allocation-restart-minutes": ("in_allocation_restart_minutes", 0.0, False, "minutes > 0"),
-    "--async-stall-fraction": ("async_stall_fraction", 0.0, False, "a fraction in (0, 1]"),
+    "--snapshot-gb-per-second": ("snapshot_gb_per_second", 0.0, False, "GB/s > 0 (5.7 measured on one H200)"),
 }
 
 
@@ -95,5 +95,3 @@ def _check_overrides(args: argparse.Namespace) -> None:
         in_range = value >= lowest if inclusive else value > lowest
         if not finite or not in_range:
             raise UsageError(f"{flag} {value}: give {allowed}")
-    if args.async_stall_fraction is not None and args.async_stall_fraction > 1:
-        raise UsageError(f"--async-stall-fraction {args.async_stall_fraction}: give a fraction in (0, 1]")

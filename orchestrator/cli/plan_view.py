@@ -6,7 +6,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.plan.planner import Plan
+from orchestrator.plan.planner import GIB, Plan
 
 
 def _si(value: float) -> str:
@@ -36,10 +36,13 @@ def _gpu_hours(plan: Plan) -> str:
 def _save_stall(plan: Plan) -> str:
     if not plan.async_save:
         return f"{plan.save_stall_seconds:.0f} s per save (sync: training waits for the whole save)"
+    probe = (
+        f" + {plan.probe_seconds:.1f} s probe forward (checkpoint.verify_probe)" if plan.probe_seconds else ""
+    )
     return (
-        f"{plan.save_stall_seconds:.0f} s per save (async: the host snapshot, "
-        f"{plan.save_stall_seconds / plan.save_seconds:.0%} of the {plan.save_seconds:.0f} s save, "
-        "checkpoint.async_stall_fraction)"
+        f"{plan.save_stall_seconds:.1f} s per save (async: the host snapshot, "
+        f"{plan.snapshot_gib_per_rank * GIB / 1e9:.1f} GB per rank / {plan.snapshot_gb_per_second:g} GB/s "
+        f"(checkpoint.snapshot_gb_per_second) = {plan.snapshot_seconds:.1f} s{probe})"
     )
 
 

@@ -14,11 +14,18 @@ formulas, and where they come from:
 - async-save snapshot (checkpoint.async_save): each rank copies what it writes to host RAM, at most
   its bf16 weights (2 B) + its ZeRO-1 share of fp32 master and Adam (12 B / dp) per parameter; a
   node holds gpus_per_node ranks of the biggest stage, plus SNAPSHOT_MARGIN;
+- save stall: a sync save stalls training for the whole checkpoint.save_seconds (a measured save
+  time, which includes the probe below). An async save stalls it for the device-to-host copy of the
+  biggest stage's snapshot per rank at checkpoint.snapshot_gb_per_second (every rank waits for the
+  slowest at the next step's collectives), plus, with checkpoint.verify_probe, the probe batch's
+  forward: one micro-batch through the pp stages in turn, each stage's share of one micro-batch
+  being forward-seconds-per-iteration / m. Left out: the sha256 of the last stage's bf16 logits
+  (0.5 GB a rank at BLOOM's size, ~0.35 s at 1.45 GB/s, 7% of BLOOM's stall). The background write
+  is assumed to end within an interval;
 - checkpoint interval: Young/Daly, tau = sqrt(2 delta M) for the save stall delta and job MTBF M
-  (of the training GPUs); goodput ~ 1 - delta/tau - (tau/2 + R)/M with mean restart time R. delta
-  is checkpoint.save_seconds for sync saves, save_seconds x checkpoint.async_stall_fraction for
-  async ones (the background write is assumed to end within an interval; a failure during it, like
-  one during a sync save, is not charged: ~save_seconds / M, 0.07% for BLOOM);
+  (of the training GPUs); goodput ~ 1 - delta/tau - (tau/2 + R)/M with mean restart time R (a
+  failure during an async save's background write, like one during a sync save, is not charged:
+  ~save_seconds / M, 0.07% for BLOOM);
 - spares and restarts (see `spare_outlook`): a job holds nodes + spare_nodes for its time limit T.
   Failures in it are Poisson with mean mu = T / M. The first spare_nodes of them are restarted on a
   spare inside the job (watchdog.in_allocation_restart_minutes, else priced by
@@ -119,7 +126,10 @@ class Plan:
     optimal_checkpoint_interval_hours: float
     job_mtbf_hours: float  # of the training GPUs
     save_seconds: float  # one whole save (checkpoint.save_seconds)
-    save_stall_seconds: float  # what one save stalls training (async: the snapshot, sync: the save)
+    save_stall_seconds: float  # what one save stalls training (async: snapshot + probe, sync: the save)
+    snapshot_gb_per_second: float  # checkpoint.snapshot_gb_per_second: one GPU's device-to-host copy
+    snapshot_seconds: float  # snapshot_gib_per_rank / snapshot_gb_per_second (an async save's copy)
+    probe_seconds: float  # the probe batch's forward at each save (0 without checkpoint.verify_probe)
     job_hours: float  # cluster.time_limit
     failures_per_job: float  # mu = job_hours / job_mtbf_hours
     spares_used_per_job: float  # E[min(N, spare_nodes)], N ~ Poisson(mu)
@@ -268,6 +278,15 @@ def snapshot_bytes_per_rank(stage: StageMemory) -> float:
     return (stage.weights_bf16_gib + stage.optimizer_states_gib) * GIB
 
 
+def probe_forward_seconds(cfg: RunConfig, forward_seconds_per_iteration: float) -> float:
+    """The probe batch's forward at each save (checkpoint.verify_probe): one micro-batch through the
+    pp stages one after the other; a stage's forward of one micro-batch is its forward of the
+    iteration's m micro-batches / m. Every DP replica runs it at the same time."""
+    if not cfg.checkpoint.verify_probe or cfg.micro_batches <= 0:
+        return 0.0
+    return forward_seconds_per_iteration * cfg.parallel.pp / cfg.micro_batches
+
+
 def young_daly_interval_hours(save_seconds: float, job_mtbf_hours: float) -> float:
     return math.sqrt(2 * (save_seconds / 3600) * job_mtbf_hours)
 
@@ -377,7 +396,7 @@ def plan_run(
     checkpoint_save_seconds: float | None = None,
     spare_nodes: int | None = None,
     in_allocation_restart_minutes: float | None = None,
-    async_stall_fraction: float | None = None,
+    snapshot_gb_per_second: float | None = None,
 ) -> Plan:
     """The plan of `cfg`; every keyword that is not None replaces the config's value of the same
     meaning (the CLI checks them like config values: positive and finite)."""
@@ -410,10 +429,14 @@ def plan_run(
     mtbf_gpu = c.gpu_mtbf_hours if gpu_mtbf_hours is None else gpu_mtbf_hours
     job_mtbf = mtbf_gpu / c.gpus
     save_seconds = cfg.checkpoint.save_seconds if checkpoint_save_seconds is None else checkpoint_save_seconds
-    stall_fraction = (
-        cfg.checkpoint.async_stall_fraction if async_stall_fraction is None else async_stall_fraction
+    forward_seconds = model / 3 / (c.gpus * tflops * 1e12)  # forward only: 72 = 3 x 24 (fwd 1, bwd 2)
+    snapshot_bytes = max(snapshot_bytes_per_rank(s) for s in stages)
+    bandwidth = (
+        cfg.checkpoint.snapshot_gb_per_second if snapshot_gb_per_second is None else snapshot_gb_per_second
     )
-    stall_seconds = save_seconds * stall_fraction if cfg.checkpoint.async_save else save_seconds
+    snapshot_seconds = snapshot_bytes / (bandwidth * 1e9)
+    probe_seconds = probe_forward_seconds(cfg, forward_seconds)
+    stall_seconds = snapshot_seconds + probe_seconds if cfg.checkpoint.async_save else save_seconds
     paths = RestartPaths.of(cfg, checkpoint_bytes(parameters), spares)
     job_restart_hours = _minutes_or(cfg.watchdog.restart_minutes, paths.job_level_seconds()) / 60
     in_minutes = in_allocation_restart_minutes
@@ -429,7 +452,6 @@ def plan_run(
     configured = interval if interval is not None else optimal
     if cfg.checkpoint.adaptive_interval == "apply":  # the controller re-fits it to Young/Daly
         configured = min(max(optimal, cfg.checkpoint.min_interval_hours), cfg.checkpoint.max_interval_hours)
-    forward_seconds = model / 3 / (c.gpus * tflops * 1e12)  # forward only: 72 = 3 x 24 (fwd 1, bwd 2)
     evals = eval_fraction(cfg, seconds, forward_seconds)
     no_spares = spare_outlook(job_hours, job_mtbf, 0, in_allocation_hours, job_restart_hours)
 
@@ -453,7 +475,7 @@ def plan_run(
                 f"{stage.activations_gib:.1f}) but a GPU has {c.gpu_memory_gib:g} GiB: raise tp or pp, "
                 "lower micro_batch_size, or enable activation_checkpointing"
             )
-    snapshot = max(snapshot_bytes_per_rank(s) for s in stages) / GIB
+    snapshot = snapshot_bytes / GIB
     host_needed = snapshot * c.gpus_per_node * (1 + SNAPSHOT_MARGIN)
     if cfg.checkpoint.async_save and host_needed > c.host_memory_gib:
         problems.append(
@@ -519,6 +541,9 @@ def plan_run(
         job_mtbf_hours=job_mtbf,
         save_seconds=save_seconds,
         save_stall_seconds=stall_seconds,
+        snapshot_gb_per_second=bandwidth,
+        snapshot_seconds=snapshot_seconds,
+        probe_seconds=probe_seconds,
         job_hours=job_hours,
         failures_per_job=outlook.failures_per_job,
         spares_used_per_job=outlook.spares_used_per_job,

@@ -9,7 +9,8 @@ import statistics
 
 from orchestrator.contract import RunPaths
 from orchestrator.contract.interval import read_interval_directive
-from orchestrator.plan.planner import young_daly_interval_hours
+from orchestrator.plan.planner import plan_run, young_daly_interval_hours
+from simulation import bloom_config
 from simulation.soak import run_soak
 
 
@@ -33,7 +34,8 @@ def test_a_day_at_twenty_times_the_rate(sim_run_dir):
     # The interval: first the plan's Young/Daly (no failure yet), then the posterior's.
     fits = result["interval_fits"]
     assert fits[0]["why"] == "prior" and fits[0]["was_hours"] == 3.0
-    assert abs(fits[0]["hours"] - young_daly_interval_hours(30.0, fits[0]["plan_mtbf_hours"])) < 0.05
+    stall = plan_run(bloom_config()).save_stall_seconds  # the learner's prior stall: the planner's
+    assert abs(fits[0]["hours"] - young_daly_interval_hours(stall, fits[0]["plan_mtbf_hours"])) < 0.05
     last = fits[-1]
     assert last["failures_seen"] >= 3 and last["why"].startswith("P(failure rate above")
     assert last["hours"] < 0.6 * fits[0]["hours"]

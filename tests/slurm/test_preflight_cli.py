@@ -96,7 +96,7 @@ OVERRIDES = {
     "--gpu-mtbf-hours 0": ["--gpu-mtbf-hours", "0"],
     "--save-seconds -1": ["--save-seconds", "-1"],
     "--train-tokens inf": ["--train-tokens", "inf"],
-    "--async-stall-fraction 1.5": ["--async-stall-fraction", "1.5"],
+    "--snapshot-gb-per-second 0": ["--snapshot-gb-per-second", "0"],
 }
 
 

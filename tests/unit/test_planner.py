@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.plan.config import load_config, parse_config
+from orchestrator.plan.config import ConfigError, load_config, parse_config
 from orchestrator.plan.planner import count_parameters, pipeline_partition, plan_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,10 +146,46 @@ def test_young_daly_and_goodput_are_consistent() -> None:
     assert abs(plan.optimal_checkpoint_interval_hours - 20**0.5) < 1e-9
     assert plan.optimal_goodput >= plan.expected_goodput
     assert 0 < plan.expected_goodput < 1
-    # BLOOM's async saves: the stall is 0.25 x 360 s = 90 s = 0.025 h, tau = sqrt(2 * 0.025 * 100) = sqrt(5) h.
-    plan = plan_run(load_config(BLOOM), gpu_mtbf_hours=384 * 100, checkpoint_save_seconds=360, async_stall_fraction=0.25)
-    assert plan.save_stall_seconds == 90.0
-    assert abs(plan.optimal_checkpoint_interval_hours - 5**0.5) < 1e-9
+    # Async saves stall for 3.6 s here (--snapshot-gb-per-second chosen so): tau = sqrt(2 * 0.001 * 100) h.
+    plan = plan_run(load_config(BLOOM), gpu_mtbf_hours=384 * 100, checkpoint_save_seconds=360)
+    snapshot = plan.snapshot_gib_per_rank * GIB / 1e9
+    plan = plan_run(load_config(BLOOM), gpu_mtbf_hours=384 * 100, checkpoint_save_seconds=360,
+                    snapshot_gb_per_second=snapshot / (3.6 - plan.probe_seconds))  # fmt: skip
+    assert abs(plan.save_stall_seconds - 3.6) < 1e-9
+    assert abs(plan.optimal_checkpoint_interval_hours - 0.2**0.5) < 1e-9
+
+
+def test_async_save_stall_is_snapshot_bytes_over_bandwidth_by_hand() -> None:
+    """BLOOM's async save stalls for the biggest stage's host copy at the config's bandwidth, plus the
+    probe batch's forward through the pipeline; a sync save for the whole save."""
+    cfg = load_config(BLOOM)
+    plan = plan_run(cfg)
+    # Stage 0 (the biggest): bf16 weights 2 B + its ZeRO-1 share of fp32 master and Adam 12 B / dp=8.
+    params0 = 5 * BLOCK_PER_GPU + EMBEDDING_PER_GPU  # 3,982,551,552
+    snapshot = params0 * (2 + 12 / 8)  # 13,938,930,432 B
+    copy = snapshot / (cfg.checkpoint.snapshot_gb_per_second * 1e9)  # / 5.7 GB/s = 2.445 s
+    # The probe: one micro-batch's forward through 12 stages in turn. With full recompute an
+    # iteration is 4 forwards (hardware FLOPs 96 = 4 x 24), spread over 128 micro-batches per stage.
+    probe = plan.seconds_per_iteration / 4 * 12 / 128  # 104.67 / 4 * 12 / 128 = 2.453 s
+    print(f"stall {plan.save_stall_seconds:.4f} s (by hand {copy:.4f} + {probe:.4f} = {copy + probe:.4f}); "
+          f"relative error {rel(plan.save_stall_seconds, copy + probe):.1e}")
+    assert cfg.checkpoint.async_save and cfg.checkpoint.verify_probe
+    assert rel(plan.snapshot_seconds, copy) < 2e-4  # the planner's LayerNorms / tp (test_bloom_stage_memory_by_hand)
+    assert rel(plan.probe_seconds, probe) < 1e-12
+    assert rel(plan.save_stall_seconds, copy + probe) < 2e-4
+    no_probe = plan_run(parse_config(_bloom_with(checkpoint__verify_probe=False)))
+    assert no_probe.probe_seconds == 0.0 and no_probe.save_stall_seconds == no_probe.snapshot_seconds
+    sync = plan_run(parse_config(_bloom_with(checkpoint__async_save=False)))
+    assert sync.save_stall_seconds == cfg.checkpoint.save_seconds
+
+
+def test_retired_async_stall_fraction_names_its_replacement() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(_bloom_with(checkpoint__async_stall_fraction=0.1))
+    message = str(caught.value)
+    print(message)
+    assert "checkpoint.async_stall_fraction: replaced by checkpoint.snapshot_gb_per_second" in message
+    assert "GB/s" in message and "unknown key" not in message
 
 
 def _bloom_with(**changes) -> dict:

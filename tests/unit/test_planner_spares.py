@@ -80,12 +80,15 @@ def test_two_nodes_one_spare_by_hand(tmp_path: Path, capsys) -> None:
     assert abs(plan["spare_gpu_hours"] - plan["gpu_hours"] / 2) < 1e-9 * plan["gpu_hours"]
     # Young/Daly on the stall: sqrt(2 x 0.1 h x 20 h) = 2 h.
     assert abs(plan["optimal_checkpoint_interval_hours"] - 2.0) < 1e-12
-    # The same saves asynchronously, stalling 5% of the 360 s: 18 s = 0.005 h every 2 h.
-    async_plan = _plan_json(capsys, path, "--async-stall-fraction", "0.05")
+    # The same saves asynchronously (no probe), with a host-copy bandwidth that makes the snapshot
+    # 18 s = 0.005 h every 2 h.
+    async_plan = _plan_json(capsys, path, "--snapshot-gb-per-second", "0.001")
     assert async_plan["save_stall_seconds"] == 360.0, "async_save is off in this config: the stall is the save"
-    data["checkpoint"]["async_save"] = True
+    data["checkpoint"].update(async_save=True, verify_probe=False)
     path.write_text(yaml.safe_dump(data))
-    async_plan = _plan_json(capsys, path, "--async-stall-fraction", "0.05")
+    gb_per_second = _plan_json(capsys, path)["snapshot_gib_per_rank"] * 1024**3 / 1e9 / 18
+    async_plan = _plan_json(capsys, path, "--snapshot-gb-per-second", repr(gb_per_second))
+    assert abs(async_plan["save_stall_seconds"] - 18) < 1e-9
     async_lost = lost - 0.1 / 2 + 0.005 / 2  # the stall shrinks; the final save before the limit does not
     assert abs(async_plan["expected_goodput"] - (1 - async_lost) * job / (job + 0.5)) < 1e-12
 
@@ -228,7 +231,8 @@ def test_bloom_plan_shows_48_plus_4_nodes(capsys, monkeypatch) -> None:
     assert rel(plan["spare_gpu_hours"], 107_421.875 * 104.67 * 32 / 3600) < 1e-4
     # 46,000 h per GPU on 384 GPUs: a job fails every 119.8 h; a 100 h job sees 100 / 119.8 failures.
     assert abs(plan["failures_per_job"] - 100 * 384 / 46_000) < 1e-12
-    assert plan["save_stall_seconds"] == 30.0  # async: 0.1 x 300 s
+    # async: 13.94 GB of stage 0 per rank / 5.7 GB/s + the probe's forward (104.67 s / 4 x 12 / 128)
+    assert rel(plan["save_stall_seconds"], 3_982_551_552 * 3.5 / 5.7e9 + 104.674 / 4 * 12 / 128) < 2e-4
     mu = 100 * 384 / 46_000  # P(N >= 5): the 5th failure of a job finds no spare
     out_of_spares = 1 - math.exp(-mu) * (1 + mu + mu**2 / 2 + mu**3 / 6 + mu**4 / 24)
     assert abs(plan["out_of_spares_probability"] - out_of_spares) < 1e-12 and f"{out_of_spares:.2%}" == "0.17%"
@@ -238,3 +242,4 @@ def test_bloom_plan_shows_48_plus_4_nodes(capsys, monkeypatch) -> None:
     assert "48 nodes + 4 spares = 52 allocated (416 GPUs, 384 training)" in out, out
     assert "idle spares" in out and "of the training GPUs" in out and "of the allocated GPUs" in out
     assert "a job runs out of spares with probability 0.17%" in out, out
+    assert "4.9 s per save (async: the host snapshot, 13.9 GB per rank / 5.7 GB/s (checkpoint.snapshot_gb_per_second)" in out, out

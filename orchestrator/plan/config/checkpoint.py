@@ -3,9 +3,9 @@ the node-local copies."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
 from .section import Section
 from .value_types import NodeName, PositiveFloat, PositiveInt, SafePath
@@ -31,10 +31,15 @@ class CheckpointConfig(Section):
     # Snapshot to host memory at the save point and write in the background (trainer.async_checkpoint):
     # training stalls for the copy, not the write. Costs host RAM (the planner checks it fits).
     async_save: bool = False
-    # The training stall of an async save as a fraction of save_seconds, for the planner's goodput
-    # and Young/Daly interval. 0.1: bench/async_checkpoint.py measured 0.094 (a 382 MB model) and
-    # 0.13 (2 MB) on CPU (bench/results/async_checkpoint.json); replace it with your cluster's.
-    async_stall_fraction: Annotated[float, Field(gt=0, le=1)] = 0.1
+    # One GPU's device-to-host copy rate in an async save, GB/s (1e9 bytes): the planner and the
+    # simulation price an async save's training stall as the biggest stage's snapshot bytes per rank
+    # / this (plus the probe's forward, verify_probe). 5.7 = bench/results/async_checkpoint_gpu.json,
+    # one H200, model "xl" (2175 MB checkpoint), median async stall 0.383 s: the slower of its two
+    # models ("large", 382 MB: 0.014 s). It is conservative: that median includes a 0.34 s wait for
+    # the previous background write, and the bare copies ran at 27-49 GB/s over the H200's PCIe
+    # Gen5. An A100's PCIe Gen4 x16 (~25 GB/s each way) is not the limit at 5.7 GB/s; replace it with
+    # your cluster's measured rate.
+    snapshot_gb_per_second: PositiveFloat = 5.7
     # At each save, the loss and logits digest of a fixed probe batch computed by the model being
     # saved go into the checkpoint; after a load they must be computed again (trainer/probe.py), or
     # the checkpoint is damaged and the one before is used. Costs one forward micro-batch per save

@@ -27,6 +27,18 @@ class ConfigError(ValueError):
         super().__init__(f"{source}: invalid run config ({len(problems)} problem(s)):\n{lines}")
 
 
+# Keys that no longer exist, with what replaces them: a config that still sets one is refused with
+# this (unknown-key error otherwise), so that nobody's old value silently stops meaning anything.
+RETIRED_KEYS = {
+    "checkpoint.async_stall_fraction": (
+        "replaced by checkpoint.snapshot_gb_per_second: an async save's stall is priced as the snapshot "
+        "bytes per rank / that bandwidth, not as a fraction of the save. Remove async_stall_fraction and "
+        "set snapshot_gb_per_second to your GPUs' measured device-to-host copy rate in GB/s "
+        "(default 5.7, bench/results/async_checkpoint_gpu.json)"
+    ),
+}
+
+
 def _key_path(loc: tuple[Any, ...]) -> str:
     parts: list[str] = []
     for item in loc:
@@ -45,6 +57,8 @@ def _describe(error: dict[str, Any]) -> str:
     path = _key_path(loc)
     kind = error.get("type", "")
     value = error.get("input")
+    if kind == "extra_forbidden" and path in RETIRED_KEYS:
+        return f"{path}: {RETIRED_KEYS[path]}"
     if kind == "extra_forbidden":
         return f"{path}: unknown key (check the spelling; see configs/bloom-176b.yaml for every key)"
     if kind == "missing":
