@@ -375,9 +375,15 @@ class Controller:
                 self._recover(failure, done)
             return True
         assessment = self.observer.assess(running)
-        result.assessment = assessment
         view = self._job_view(running, beats, assessment)
+        stalled = memory.prober.stalled_nodes(running.job_id)
         self._apply(memory.prober.on_pass(view, getattr(self.scheduler, "probe_node", None)), done)
+        if assessment.dead and memory.prober.stalled_nodes(running.job_id) - stalled:
+            # A node this pass found in a storage stall: ranks missing there are judged again with
+            # it (a pass late for the probe, e.g. behind a slow slurmctld, must not fail them first).
+            assessment = self.observer.assess(running)
+            view = self._job_view(running, beats, assessment)
+        result.assessment = assessment
         self._apply(upkeep.follow_recovery(self.state, assessment, self._wall), done)
         started = upkeep.training_started(assessment)
         if started is not None and started[0] not in memory.training_seen:
