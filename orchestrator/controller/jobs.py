@@ -225,20 +225,30 @@ def ensure_a_job(state: ControllerState, wall_now: float) -> list[Action]:
 
 class RankNodes:
     """The SLURM node name of a rank. The heartbeat's host is the node name on a real cluster;
-    where it is not one of the job's nodes (emulated nodes all share one hostname), SLURM's block
-    distribution places rank r on the job's node r // tasks-per-node."""
+    where it is not (a rank that never beat, emulated nodes that all share one hostname), the
+    launch places rank r on its node r // tasks-per-node: of the launch's own nodes in rank order,
+    as the job's launcher recorded them (`launch_nodes`, allocation.json), else of SLURM's list of
+    the job's nodes. SLURM's list is not the launch's order once a relaunch on a spare replaced a
+    node, or a failed node left the job: the ranks after it would be placed one node off."""
 
     def __init__(self, gpus_per_node: int):
         self.gpus_per_node = gpus_per_node
         self._known: tuple[list[str] | None, frozenset[str]] = (None, frozenset())
+        self.launch_nodes: tuple[str, list[str]] | None = None  # (job, the current launch's nodes)
+
+    def learn_launch(self, job_id: str, nodes: list[str] | None) -> None:
+        """The job launcher's record of its current launch's nodes, each pass (None: none yet)."""
+        self.launch_nodes = (job_id, nodes) if nodes else None
 
     def node_of(self, rank: int, host: str, job: JobRecord) -> str:
-        if not job.nodes:
+        launch = self.launch_nodes
+        nodes = launch[1] if launch is not None and launch[0] == job.job_id else job.nodes
+        if not nodes:
             return host
         known = self._known
-        if known[0] is not job.nodes:  # a set per node list (the applier replaces the list): 2,048 nodes
-            known = self._known = (job.nodes, frozenset(job.nodes))
+        if known[0] is not nodes:  # a set per node list (the applier replaces the list): 2,048 nodes
+            known = self._known = (nodes, frozenset(nodes))
         if host in known[1]:
             return host
         index = rank // self.gpus_per_node
-        return job.nodes[index] if 0 <= index < len(job.nodes) else host
+        return nodes[index] if 0 <= index < len(nodes) else host

@@ -50,13 +50,13 @@ class Observer:
         self.reporter, self.monotonic = reporter, monotonic
         self._beat_reader = HeartbeatReader(paths.heartbeats)
         self._beat_files: list[list[Heartbeat]] = []
-        self._rank_nodes = jobs.RankNodes(cfg.cluster.gpus_per_node)
+        self.rank_nodes = jobs.RankNodes(cfg.cluster.gpus_per_node)  # shared with the supervisor
 
     def _ranks_on(self, nodes: set[str], job: JobRecord) -> frozenset[int]:
         """The ranks the launch places on `nodes` (none when there are none)."""
         if not nodes:
             return frozenset()
-        node_of = self._rank_nodes.node_of
+        node_of = self.rank_nodes.node_of
         return frozenset(r for r in range(self.cfg.world_size) if node_of(r, "", job) in nodes)
 
     def beats(self) -> list[Heartbeat]:
@@ -127,12 +127,14 @@ class Observer:
     def allocation(self, job: JobRecord) -> Allocation | None:
         """The job launcher's record (None until it wrote one); an unreadable one is said once."""
         try:
-            return read_allocation(self.paths.allocation(job.job_id))
+            allocation = read_allocation(self.paths.allocation(job.job_id))
         except ContractError as exc:
             if job.job_id not in self.memory.allocation_errors:
                 self.memory.allocation_errors.add(job.job_id)
                 self.reporter.emit(fev.AllocationUnreadable(job_id=job.job_id, error=str(exc)[:300]))
             return None
+        self.rank_nodes.learn_launch(job.job_id, allocation.nodes if allocation is not None else None)
+        return allocation
 
     def rank_error(self, job_id: str, launch_end: LaunchEnd | None) -> RankError | None:
         """What the failing rank printed last, from the tail of the job's output (srun named the

@@ -152,7 +152,7 @@ class Controller:
         self._disk_full_error = False  # the last failed pass hit a full disk (no backoff)
         self._pass_disk: tuple[list[CheckpointInfo], DiskCheck] | None = None  # this pass's look
         self._wall, self._mono = clock(), monotonic()  # the pass's one reading of each clock (tick)
-        self._node_of = jobs.RankNodes(cfg.cluster.gpus_per_node).node_of
+        self._node_of = self.observer.rank_nodes.node_of
 
     @property
     def scheduler(self) -> Scheduler:

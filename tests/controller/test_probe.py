@@ -263,3 +263,23 @@ def test_a_node_whose_ranks_never_beat_and_whose_storage_answers_is_missing_at_t
     assert "filesystem answers" in probed.event.why and prober.stalled_nodes("7") == set()
     init_limit = timeouts().timeout("init")
     assert [f.rank for f in at(init_limit + 1, 3).dead] == [1], "no stall: missing at the init limit"
+
+
+def test_a_rank_is_placed_on_its_launchs_node_not_one_off_in_slurms_shrunk_list():
+    """A rank with no beat (missing, or on a stalled node) is placed by index: on the launch's own
+    nodes in rank order (allocation.json), not on SLURM's list of the job's nodes, which lost a
+    failed node (the soak's false positive: the stall verdict of node017 protected node016's ranks,
+    and node017's were declared missing)."""
+    from orchestrator.contract.state import JobRecord
+    from orchestrator.controller.jobs import RankNodes
+
+    job = JobRecord("7", 0.0, state="running")
+    job.nodes = ["n01", "n03", "n04"]  # n02 failed and left the job
+    nodes = RankNodes(gpus_per_node=8)
+    assert nodes.node_of(16, "", job) == "n04", "without the launcher's record: SLURM's list"
+    nodes.learn_launch("7", ["n01", "n02", "n03"])
+    assert [nodes.node_of(r, "", job) for r in (0, 8, 16)] == ["n01", "n02", "n03"]
+    assert nodes.node_of(16, "n02", job) == "n02", "a beat's host that is one of the launch's nodes is its node"
+    other = JobRecord("8", 0.0, state="running")
+    other.nodes = ["m01", "m02", "m03"]
+    assert nodes.node_of(16, "", other) == "m03", "another job's launch record does not apply"
