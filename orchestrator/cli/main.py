@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from orchestrator import __version__
 from orchestrator.cli import manual
@@ -55,8 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.parser = parser  # `runctl completion` generates from the whole parser
+    warnings.showwarning = _say_warning
     with owner_umask():  # before anything is created (docs/security.md, "Modes")
         return _run(args)
+
+
+def _say_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
+    """A warning as a line of runctl's own (a retired config key), not Python's source excerpt."""
+    print(f"runctl: warning: {message}", file=sys.stderr)
 
 
 def _run(args: argparse.Namespace) -> int:

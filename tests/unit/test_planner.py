@@ -179,13 +179,29 @@ def test_async_save_stall_is_snapshot_bytes_over_bandwidth_by_hand() -> None:
     assert sync.save_stall_seconds == cfg.checkpoint.save_seconds
 
 
-def test_retired_async_stall_fraction_names_its_replacement() -> None:
-    with pytest.raises(ConfigError) as caught:
-        parse_config(_bloom_with(checkpoint__async_stall_fraction=0.1))
-    message = str(caught.value)
+def test_retired_async_stall_fraction_is_dropped_with_a_warning_naming_its_replacement() -> None:
+    """A run directory frozen before the key retired still loads (status, resume), with a warning."""
+    from orchestrator.plan.config.load import RetiredKeyWarning
+
+    with pytest.warns(RetiredKeyWarning) as caught:
+        cfg = parse_config(_bloom_with(checkpoint__async_stall_fraction=0.1), source="run.yaml")
+    message = str(caught[0].message)
     print(message)
-    assert "checkpoint.async_stall_fraction: replaced by checkpoint.snapshot_gb_per_second" in message
-    assert "GB/s" in message and "unknown key" not in message
+    assert message.startswith("run.yaml: checkpoint.async_stall_fraction is replaced by checkpoint.snapshot_gb_per_second")
+    assert "ignored" in message and not hasattr(cfg.checkpoint, "async_stall_fraction")
+    assert plan_run(cfg).save_stall_seconds == plan_run(parse_config(_bloom_with())).save_stall_seconds
+    with pytest.raises(ConfigError, match="checkpoint.async_stall_fractio: unknown key"):
+        parse_config(_bloom_with(checkpoint__async_stall_fractio=0.1))
+
+
+def test_runctl_plan_says_a_retired_key_in_one_line_and_plans(tmp_path: Path) -> None:
+    old = tmp_path / "run.yaml"
+    old.write_text(yaml.safe_dump(_bloom_with(checkpoint__async_stall_fraction=0.1)))
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "plan", str(old), "--json"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines()[0].startswith(f"runctl: warning: {old}: checkpoint.async_stall_fraction is replaced")
+    assert json.loads(out.stdout)["save_stall_seconds"] > 0
 
 
 def _bloom_with(**changes) -> dict:

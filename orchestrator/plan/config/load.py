@@ -7,6 +7,7 @@ config that would fail in the trainer fails on the login node first.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +28,36 @@ class ConfigError(ValueError):
         super().__init__(f"{source}: invalid run config ({len(problems)} problem(s)):\n{lines}")
 
 
-# Keys that no longer exist, with what replaces them: a config that still sets one is refused with
-# this (unknown-key error otherwise), so that nobody's old value silently stops meaning anything.
+# Keys that no longer exist, with what replaces them. Every run directory written before a key
+# was retired holds it in its frozen run.yaml, which `runctl status` and the controller read: such
+# a key is dropped with a warning that names its replacement, never refused (an upgrade must not
+# lock on-call out of a running run). Only keys that priced the plan may retire this way.
 RETIRED_KEYS = {
-    "checkpoint.async_stall_fraction": (
+    ("checkpoint", "async_stall_fraction"): (
         "replaced by checkpoint.snapshot_gb_per_second: an async save's stall is priced as the snapshot "
-        "bytes per rank / that bandwidth, not as a fraction of the save. Remove async_stall_fraction and "
-        "set snapshot_gb_per_second to your GPUs' measured device-to-host copy rate in GB/s "
-        "(default 5.7, bench/results/async_checkpoint_gpu.json)"
+        "bytes per rank / that bandwidth, not as a fraction of the save; its value is ignored. Remove "
+        "async_stall_fraction and set snapshot_gb_per_second to your GPUs' measured device-to-host copy "
+        "rate in GB/s (default 5.7, bench/results/async_checkpoint_gpu.json)"
     ),
 }
+
+
+class RetiredKeyWarning(UserWarning):
+    """A config key that no longer exists was dropped (RETIRED_KEYS)."""
+
+
+def _drop_retired(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """`data` without the retired keys it sets (a shallow copy when it sets any), each warned of."""
+    for section, key in RETIRED_KEYS:
+        part = data.get(section)
+        if isinstance(part, dict) and key in part:
+            data = {**data, section: {k: v for k, v in part.items() if k != key}}
+            warnings.warn(
+                f"{source}: {section}.{key} is {RETIRED_KEYS[(section, key)]}",
+                RetiredKeyWarning,
+                stacklevel=3,
+            )
+    return data
 
 
 def _key_path(loc: tuple[Any, ...]) -> str:
@@ -57,8 +78,6 @@ def _describe(error: dict[str, Any]) -> str:
     path = _key_path(loc)
     kind = error.get("type", "")
     value = error.get("input")
-    if kind == "extra_forbidden" and path in RETIRED_KEYS:
-        return f"{path}: {RETIRED_KEYS[path]}"
     if kind == "extra_forbidden":
         return f"{path}: unknown key (check the spelling; see configs/bloom-176b.yaml for every key)"
     if kind == "missing":
@@ -79,6 +98,7 @@ def parse_config(data: Any, source: str = "<config>") -> RunConfig:
     for key in data:
         if not isinstance(key, str):
             raise ConfigError(source, [f"top-level key {key!r} is not a string"])
+    data = _drop_retired(data, source)
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as exc:
