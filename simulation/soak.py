@@ -42,6 +42,7 @@ from typing import Any
 
 from orchestrator.contract import failure_events as fev
 from orchestrator.plan.planner import goodput, plan_run
+from orchestrator.plan.pool_wait import pool_wait_hours
 from orchestrator.plan.restart_paths import FAULT_SHARES, HOST_FROZEN_SHARE
 
 from .harness import Harness, bloom_config
@@ -118,7 +119,9 @@ def run_soak(
     rng = random.Random(seed + 1)
     prior = 1 / (RATE_PER_GPU_HOUR * (rate_x if prior_rate_x is None else prior_rate_x))
     cfg = bloom_config(cluster={"gpu_mtbf_hours": prior}, checkpoint=checkpoint or {})
-    with Harness(run_dir, seed=seed, cfg=cfg, spare_nodes=8, cap_seconds=3600.0, dense_after_note=0.0,
+    # The pool beyond the job's nodes and spares: the config's, the figure the planner's pool wait uses.
+    pool_extra = cfg.cluster.partition_extra_nodes
+    with Harness(run_dir, seed=seed, cfg=cfg, spare_nodes=pool_extra, cap_seconds=3600.0, dense_after_note=0.0,
                  probe=probe) as h:
         injected: list[dict[str, Any]] = []
         for t, kind in draw_faults(rng, days * 24, h.cfg.cluster.gpus, rate_x):
@@ -362,6 +365,17 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
                 "save_stall_seconds": plan.save_stall_seconds,
                 "mean_restart_hours": plan.mean_restart_hours,
                 "job_restart_hours": plan.job_restart_hours,
+                "nodes_out_mean": plan.nodes_out_mean,
+                "pool_slack_nodes": plan.pool_slack_nodes,
+                "pool_wait_hours": plan.pool_wait_hours,
+                "pool_wait_goodput_cost": plan.pool_wait_goodput_cost,
+                # The simulated SLURM starts a job only on nodes + spare_nodes free nodes (it does
+                # not read the fewer spares the controller asks for when the pool is short), so
+                # its slack is partition_extra_nodes alone: the planner's wait with that slack.
+                "pool_wait_hours_with_simulated_slack": pool_wait_hours(
+                    plan.nodes_out_mean, h.cfg.cluster.partition_extra_nodes,
+                    h.cfg.exclusions.probation_hours, plan.out_of_spares_probability,
+                ),
             },
             "formula": "orchestrator.plan.planner.goodput(interval_hours, save_seconds, job_mtbf_hours, restart_hours)",
             "goodput_at_published_rate": goodput(interval, save_seconds, mtbf, restart_hours),

@@ -147,6 +147,12 @@ def print_plan(name: str, plan: Plan, console: Console | None = None) -> None:
             f"their {plan.job_hours:g} h limit (final save + the next job's start)",
         ),
         (
+            "wait for nodes",
+            f"{plan.nodes_out_mean:.1f} nodes on probation on average (GPU and host faults); a new job waits "
+            f"while over {plan.pool_slack_nodes} are (spares + cluster.partition_extra_nodes): "
+            f"{plan.pool_wait_hours * 60:.1f} min a start, {plan.pool_wait_goodput_cost:.2%} of goodput",
+        ),
+        (
             "work lost per failure",
             f"{plan.expected_work_lost_per_failure_hours:.2f} h on average (half an interval + restart)",
         ),

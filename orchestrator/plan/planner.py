@@ -40,11 +40,15 @@ formulas, and where they come from:
   start of the next (a renewal cycle). A job lasts E[D] = M E[min(N, S + 1)] on average (Wald: each
   failure, spare or not, comes M after the last, and the job ends at its limit or at its (S + 1)-th
   failure); the next one starts after the job-level restart time (queue, init, checkpoint load),
-  whatever ended it. Inside the job: the save stalls, tau/2 of work per failure, the restarts on a
+  whatever ended it, plus the wait for nodes (see `pool_wait`). Inside the job: the save stalls, tau/2 of work per failure, the restarts on a
   spare, evals, and, with probability 1 - P(N >= S + 1), the final save before the time limit (the
   whole checkpoint.save_seconds: the job waits for that write even when saves are async). So a
   spare that costs nearly as much as a job-level restart can lower goodput: a job-level restart
   gives the next job a whole time limit, a spare restart does not;
+- the pool (orchestrator/plan/pool_wait.py): a new job waits while more than spare_nodes +
+  cluster.partition_extra_nodes nodes are out of service (a GPU or host fault's node, on probation
+  for exclusions.probation_hours): E[W] per job start, from m = 0.75 x probation / M nodes out on
+  average (Poisson, seen from a job start) and the probations left (uniform);
 - evals (see `eval_fraction`): every data.eval_interval iterations, eval_iters forward-only
   iterations (a third of the model FLOPs of a training iteration: forward 1, backward 2);
 - goodput is useful training time / wall time, of the training GPUs (the planner's `*_goodput`);
@@ -59,6 +63,7 @@ from dataclasses import asdict, dataclass, field
 
 from orchestrator.plan.config import RunConfig
 from orchestrator.plan.config.slurm_time import slurm_time_seconds
+from orchestrator.plan.pool_wait import nodes_out_mean, pool_wait_hours
 from orchestrator.plan.restart_paths import RestartPaths
 from orchestrator.plan.time_budget import checkpoint_interval_seconds, time_budget_problems
 
@@ -141,6 +146,10 @@ class Plan:
     expected_work_lost_per_failure_hours: float
     eval_fraction: float  # of wall time spent in evals
     turnover_fraction: float  # of wall time lost to time-limit turnovers (final save + next start)
+    nodes_out_mean: float  # nodes out of service on average (probation after a GPU or host fault)
+    pool_slack_nodes: int  # how many may be out before a new job waits: spare_nodes + partition_extra_nodes
+    pool_wait_hours: float  # E[W]: what a job start waits for nodes, on average (pool_wait.py)
+    pool_wait_goodput_cost: float  # what the wait costs expected_goodput (a share of wall time)
     expected_goodput: float  # of the training GPUs, at the configured interval
     optimal_goodput: float  # of the training GPUs, at the Young/Daly interval
     expected_goodput_allocated: float  # of all allocated GPUs: expected_goodput x nodes / allocated
@@ -318,6 +327,7 @@ def run_goodput(
     final_save_seconds: float,
     job_hours: float,
     evals: float,
+    pool_wait: float = 0.0,
 ) -> tuple[float, float]:
     """(goodput, the share of wall time lost where jobs end at their time limit) over one job and
     the start of the next (the module docstring has the model): useful / wall of that cycle."""
@@ -334,7 +344,7 @@ def run_goodput(
         + reaches_limit * final_save_seconds / 3600 / job_length  # the save before the time limit
         + evals
     )
-    wall = job_length + job_start_hours
+    wall = job_length + job_start_hours + pool_wait  # the next job waits for nodes, then starts
     goodput = max(0.0, 1.0 - lost_in_job) * job_length / wall
     return goodput, reaches_limit * (final_save_seconds / 3600 + job_start_hours) / wall
 
@@ -454,15 +464,24 @@ def plan_run(
         configured = min(max(optimal, cfg.checkpoint.min_interval_hours), cfg.checkpoint.max_interval_hours)
     evals = eval_fraction(cfg, seconds, forward_seconds)
     no_spares = spare_outlook(job_hours, job_mtbf, 0, in_allocation_hours, job_restart_hours)
+    out_hours = cfg.exclusions.probation_hours if cfg.exclusions.on_pool_short == "wait" else 0.0
+    nodes_out = nodes_out_mean(job_mtbf, out_hours)
 
-    def cycle(interval_hours: float, spare_outlook_: SpareOutlook) -> tuple[float, float]:
+    def wait_for_nodes(spare_outlook_: SpareOutlook, spares_: int) -> float:
+        slack = spares_ + c.partition_extra_nodes
+        return pool_wait_hours(nodes_out, slack, out_hours, spare_outlook_.out_of_spares_probability)
+
+    def cycle(
+        interval_hours: float, spare_outlook_: SpareOutlook, spares_: int, pool: bool = True
+    ) -> tuple[float, float]:
         return run_goodput(
             interval_hours, stall_seconds, job_mtbf, spare_outlook_, in_allocation_hours, job_restart_hours,
-            save_seconds, job_hours, evals,
+            save_seconds, job_hours, evals, wait_for_nodes(spare_outlook_, spares_) if pool else 0.0,
         )  # fmt: skip
 
-    expected, turnover = cycle(configured, outlook)
-    optimal_goodput, _ = cycle(optimal, outlook)
+    expected, turnover = cycle(configured, outlook, spares)
+    optimal_goodput, _ = cycle(optimal, outlook, spares)
+    pool_wait = wait_for_nodes(outlook, spares)
     training_share = c.nodes / allocated_nodes  # idle spares: allocated, billed, not training
 
     problems: list[str] = []
@@ -555,11 +574,15 @@ def plan_run(
         expected_work_lost_per_failure_hours=configured / 2 + restart_hours,
         eval_fraction=evals,
         turnover_fraction=turnover,
+        nodes_out_mean=nodes_out,
+        pool_slack_nodes=spares + c.partition_extra_nodes,
+        pool_wait_hours=pool_wait,
+        pool_wait_goodput_cost=cycle(configured, outlook, spares, pool=False)[0] - expected,
         expected_goodput=expected,
         optimal_goodput=optimal_goodput,
         expected_goodput_allocated=expected * training_share,
         optimal_goodput_allocated=optimal_goodput * training_share,
-        expected_goodput_without_spares=cycle(configured, no_spares)[0],
+        expected_goodput_without_spares=cycle(configured, no_spares, 0)[0],
         problems=problems,
         adaptive_interval=cfg.checkpoint.adaptive_interval,
         restart_times_from="watchdog" if cfg.watchdog.restart_minutes is not None else "recovery",

@@ -31,6 +31,8 @@ def test_two_nodes_one_spare_by_hand(tmp_path: Path, capsys) -> None:
     No evals (eval_iters 0): the eval term is checked in test_evals_and_turnovers_match_a_simulated_timeline."""
     data = yaml.safe_load((ROOT / "configs" / "tiny-cpu.yaml").read_text())
     data["cluster"].update(nodes=2, spare_nodes=1, time_limit="10:00:00", gpu_mtbf_hours=40, pre_timeout_seconds=600)
+    # A partition large enough that no job waits for nodes on probation (tests/unit/test_pool_wait.py).
+    data["cluster"].update(partition_extra_nodes=64)
     data["checkpoint"].update(interval_hours=2, interval_steps=None, save_seconds=360, async_save=False)
     # a 360 s save fits the margin and its timeout (the time budget, orchestrator/plan/time_budget.py)
     data["data"].update(eval_iters=0)

@@ -94,6 +94,12 @@ class ClusterConfig(Section):
     # same job (a new srun step, no queue wait) while spares last (BLOOM kept 4 beside its 48).
     # 0: every failure is a job-level restart through the queue.
     spare_nodes: Annotated[int, Field(ge=0, le=64)] = 0
+    # Nodes of the partition the run's jobs may use beyond nodes + spare_nodes: they stand in for
+    # nodes out of service (on probation after a fault, or DOWN) before a new job has to wait for
+    # them (the planner's pool wait, orchestrator/plan/pool_wait.py). Default 8: an assumption, no
+    # published figure; the simulated month's pool (simulation/soak.py) reads it from here. Set it
+    # to your partition's size less nodes + spare_nodes.
+    partition_extra_nodes: Annotated[int, Field(ge=0, le=4096)] = 8
     # The site's set-up, run by the job script before the launcher: one command per item, each an
     # argv list whose words are shell-quoted (e.g. [["module", "load", "cuda/12.4"],
     # ["source", "/opt/venvs/bloom/bin/activate"]]). Never a shell line: a config value is a word.
