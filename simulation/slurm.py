@@ -1,8 +1,12 @@
 """A simulated SLURM that implements `orchestrator.slurm.base.Scheduler` on virtual time.
 
 What it does, and the rules it follows (SLURM 22.05's, simplified):
-- submit: a job waits in the queue for a seeded exponential time (mean from Timings), then starts
-  on the first `nodes_per_job` nodes of the pool that are up, free and not in its exclude list;
+- submit: a job asks for the nodes its batch script's `#SBATCH --nodes=` says (fewer spares when
+  the controller found the pool short; `nodes_per_job` for other users' jobs); sbatch refuses it
+  at once (NodeConfigUnavailable) when the pool less its exclude list has fewer nodes than that,
+  down ones counted as SLURM counts them; else it waits in the queue for a seeded exponential
+  time (mean from Timings), then starts on the first nodes of the pool that are up, free and not
+  in its exclude list;
   `--dependency=singleton` holds it while another job of the same name and user runs;
 - a node that dies is declared DOWN after SlurmdTimeout; its job ends NODE_FAIL, or, when the
   harness asks for a requeue, goes back to the queue under the same job id with
@@ -39,10 +43,18 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from orchestrator.errors import SchedulerError
 from orchestrator.slurm.answers import jobs_from_json
-from orchestrator.slurm.base import JobInfo, JobState, NodeInfo, SubmitRequest
+from orchestrator.slurm.base import (
+    NODE_CONFIG_UNAVAILABLE,
+    JobInfo,
+    JobState,
+    NodeConfigUnavailable,
+    NodeInfo,
+    SubmitRequest,
+)
 
 from .clock import VirtualClock
 
@@ -65,6 +77,7 @@ class SimJob:
     restart_count: int = 0
     signalled: bool = False
     requeue_on_node_fail: bool = False
+    wants: int | None = None  # the nodes it asked for (None: the simulation's nodes_per_job)
 
 
 class SimSlurm:
@@ -197,6 +210,13 @@ class SimSlurm:
     def submit(self, request: SubmitRequest) -> str:
         self._answer("submit", request.job_name)
         self._outage_answer("submit")
+        wants = requested_nodes(request.script) or self.nodes_per_job
+        usable = sum(1 for n in self.pool if n not in request.exclude)
+        if usable < wants:
+            raise NodeConfigUnavailable(
+                f"sbatch: error: Batch job submission failed: {NODE_CONFIG_UNAVAILABLE} "
+                f"({wants} nodes asked, {usable} in the partition less the exclude list; simulated)"
+            )
         job = self._new_job(
             request.job_name,
             self.owner,
@@ -204,6 +224,7 @@ class SimSlurm:
             singleton=request.dependency == "singleton",
             held=request.hold,
         )
+        job.wants = wants
         return job.job_id
 
     def jobs(self, job_ids: list[str]) -> dict[str, JobInfo]:
@@ -354,13 +375,14 @@ class SimSlurm:
             for n in self.pool
             if n not in busy and n not in self.down and n not in job.exclude and not self._reserved(n, t)
         ]
-        if len(free) < self.nodes_per_job:
+        wants = job.wants or self.nodes_per_job
+        if len(free) < wants:
             if job.user == self.owner:
                 self.starved.append((t, job.job_id, len(free)))
             return  # waits for resources (a repaired node, a cleared exclude list, a reservation's end)
         job.state, job.nodes, job.start_time, job.signalled = (
             JobState.RUNNING,
-            free[: self.nodes_per_job],
+            free[:wants],
             t,
             False,
         )
@@ -410,3 +432,17 @@ class SimSlurm:
         )
         known = JobInfo.__dataclass_fields__  # older JobInfo without user/submit_time: leave them out
         return JobInfo(**{k: v for k, v in fields.items() if k in known})
+
+
+def requested_nodes(script: Path) -> int | None:
+    """The node count a batch script asks for (`#SBATCH --nodes=N`, as sbatch reads it: the
+    directives before the first command); None when it does not say or cannot be read."""
+    try:
+        lines = script.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("#SBATCH --nodes="):
+            value = line.split("=", 1)[1].split()[0]
+            return int(value) if value.isdigit() else None
+    return None
