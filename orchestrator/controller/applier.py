@@ -200,9 +200,11 @@ class Applier:
         record.slurm_start = update.slurm_start
 
     # -- the scheduler and the exclude list -----------------------------------------------------
-    def _submit(self, state: ControllerState, reason: str) -> JobRecord | None:
-        """The job submitted; None when SLURM refused it for too few nodes and the controller
-        returned some of its own exclusions (refusal.py): the next pass submits again."""
+    def _submit(self, state: ControllerState, reason: str, *, again: bool = True) -> JobRecord | None:
+        """The job submitted. When SLURM refuses it for too few nodes, the controller returns some
+        of its own exclusions (refusal.py) and submits once more at once (a job-level restart keeps
+        its bookkeeping: the `restart` event, the crash-loop count); None when that is refused too:
+        the next pass submits again."""
         from orchestrator.slurm.render import run_job_name  # noqa: PLC0415 - jinja2 only when submitting
 
         self.judge_pool()  # an exclusion of this very pass may leave SLURM too few nodes (refusal.py)
@@ -223,7 +225,7 @@ class Applier:
             if not self._return_after_refusal(excluded, str(exc)):
                 raise
             state.pending_submit = None  # refused: no job exists, nothing to wait for or adopt
-            return None
+            return self._submit(state, reason, again=False) if again else None
         self.reporter.emit(ev.JobSubmitted(job_id=record.job_id, reason=reason, exclude=excluded))
         return record
 
@@ -356,7 +358,7 @@ class Applier:
             how = f"queued successor {successor.job_id} (exclude list updated)"
         else:
             successor = self._submit(state, f"restart after {action.cause}")
-            if successor is None:  # refused for too few nodes: the next pass submits (jobs.ensure_a_job)
+            if successor is None:  # refused twice for too few nodes: the next pass submits (jobs.ensure_a_job)
                 done.append("restart: SLURM refused the job, exclusions returned; submitting again next pass")
                 return
             how = f"resubmitted as job {successor.job_id}"

@@ -172,10 +172,12 @@ def test_the_pool_check_gives_back_the_newest_deaths_before_an_sbatch_slurm_woul
 
 
 @pytest.mark.parametrize("refused_in", ["a job-level restart", "the pass's own submission"])
-def test_a_refused_submission_gives_back_the_weakest_and_submits_again_next_pass(
+def test_a_refused_submission_gives_back_the_weakest_and_submits_again_at_once(
     mock_slurm_dir, tmp_path, refused_in
 ):
-    """SLURM's node list not known at that moment: the pool check cannot count, SLURM refuses."""
+    """SLURM's node list not known at that moment: the pool check cannot count, SLURM refuses.
+    The controller returns its weakest exclusion and submits again in the same pass, so that a
+    job-level restart keeps its bookkeeping (the restart event, the crash-loop count)."""
     from orchestrator.controller.actions import RestartRun
 
     ctl, paths, sbatches = _five_node_run(mock_slurm_dir, tmp_path, node_list_known=False)
@@ -186,7 +188,8 @@ def test_a_refused_submission_gives_back_the_weakest_and_submits_again_next_pass
         ):  # as recovery.plan_restart makes it for a job without spares left
             done: list[str] = []
             ctl._apply([RestartRun("1", "dead_rank", 250.0, 40, 20, 30.0, 1)], done)
-            assert done == ["restart: SLURM refused the job, exclusions returned; submitting again next pass"]
+            assert done == ["restart: resubmitted as job 4242"]
+            assert ctl.state.restarts == 1 and ctl.state.restarts_without_progress == 1
         first, second = ctl.safe_tick(), ctl.safe_tick()
     finally:
         ctl.stop()
@@ -197,5 +200,7 @@ def test_a_refused_submission_gives_back_the_weakest_and_submits_again_next_pass
     assert [(e.exclude, e.returned) for e in refused] == [(["node01", "node02", "node05"], ["node05"])]
     assert "node05: dead_rank in job 1" in refused[0].why
     assert not [e for e in events if e.KIND == "pass_failed"]
+    restarts = [e for e in events if e.KIND == "restart"]
+    assert len(restarts) == (refused_in == "a job-level restart")
     assert sorted(read_exclusions(paths)) == ["node01", "node02"]  # the operator's stays
     assert ctl.state.pending_submit is None and [j.job_id for j in ctl.state.jobs] == ["4242"]
