@@ -358,7 +358,8 @@ class Applier:
             how = f"queued successor {successor.job_id} (exclude list updated)"
         else:
             successor = self._submit(state, f"restart after {action.cause}")
-            if successor is None:  # refused twice for too few nodes: the next pass submits (jobs.ensure_a_job)
+            # Refused twice for too few nodes: the next pass submits (jobs.ensure_a_job).
+            if successor is None:
                 done.append("restart: SLURM refused the job, exclusions returned; submitting again next pass")
                 return
             how = f"resubmitted as job {successor.job_id}"
