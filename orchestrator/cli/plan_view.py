@@ -154,7 +154,9 @@ def print_plan(name: str, plan: Plan, console: Console | None = None) -> None:
         ),
         (
             "work lost per failure",
-            f"{plan.expected_work_lost_per_failure_hours:.2f} h on average (half an interval + restart)",
+            f"{plan.expected_work_lost_per_failure_hours:.2f} h on average (half an interval"
+            + (" + the save's background write" if plan.async_save else "")
+            + " + restart)",
         ),
     ]
     if plan.spare_nodes:

@@ -23,9 +23,11 @@ formulas, and where they come from:
   (0.5 GB a rank at BLOOM's size, ~0.35 s at 1.45 GB/s, 7% of BLOOM's stall). The background write
   is assumed to end within an interval;
 - checkpoint interval: Young/Daly, tau = sqrt(2 delta M) for the save stall delta and job MTBF M
-  (of the training GPUs); goodput ~ 1 - delta/tau - (tau/2 + R)/M with mean restart time R (a
-  failure during an async save's background write, like one during a sync save, is not charged:
-  ~save_seconds / M, 0.07% for BLOOM);
+  (of the training GPUs); goodput ~ 1 - delta/tau - (tau/2 + W + R)/M with mean restart time R
+  and, for async saves, W = save_seconds: a failure during the background write loses that save
+  too, so the work lost is tau/2 + W on average (W < tau). It is 0.06 points for BLOOM at Llama 3's
+  rate and 0.6 at ten times it, where tau is 0.25 h. A failure during a sync save is not charged
+  (~save_seconds^2 / (2 tau M));
 - spares and restarts (see `spare_outlook`): a job holds nodes + spare_nodes for its time limit T.
   Failures in it are Poisson with mean mu = T / M. The first spare_nodes of them are restarted on a
   spare inside the job (watchdog.in_allocation_restart_minutes, else priced by
@@ -328,9 +330,12 @@ def run_goodput(
     job_hours: float,
     evals: float,
     pool_wait: float = 0.0,
+    write_hours: float = 0.0,
 ) -> tuple[float, float]:
     """(goodput, the share of wall time lost where jobs end at their time limit) over one job and
-    the start of the next (the module docstring has the model): useful / wall of that cycle."""
+    the start of the next (the module docstring has the model): useful / wall of that cycle.
+    `write_hours`: an async save's background write; a failure during it loses that save too (the
+    newest complete checkpoint is the one before), so a failure loses tau/2 + W on average."""
     job_length = job_mtbf_hours * (outlook.spares_used_per_job + outlook.out_of_spares_probability)
     if outlook.failures_per_job <= 1e-12:  # no failure expected: every job reaches its limit
         job_length = job_hours
@@ -339,7 +344,7 @@ def run_goodput(
     reaches_limit = 1 - outlook.out_of_spares_probability
     lost_in_job = (
         stall_seconds / 3600 / interval_hours  # saves
-        + interval_hours / 2 / job_mtbf_hours  # work since the last save, per failure
+        + (interval_hours / 2 + min(write_hours, interval_hours)) / job_mtbf_hours  # work since the last save
         + outlook.spares_used_per_job * in_allocation_hours / job_length  # restarts on a spare
         + reaches_limit * final_save_seconds / 3600 / job_length  # the save before the time limit
         + evals
@@ -467,6 +472,8 @@ def plan_run(
     out_hours = cfg.exclusions.probation_hours if cfg.exclusions.on_pool_short == "wait" else 0.0
     nodes_out = nodes_out_mean(job_mtbf, out_hours)
 
+    write_hours = save_seconds / 3600 if cfg.checkpoint.async_save else 0.0  # lost with a failure in it
+
     def wait_for_nodes(spare_outlook_: SpareOutlook, spares_: int) -> float:
         slack = spares_ + c.partition_extra_nodes
         return pool_wait_hours(nodes_out, slack, out_hours, spare_outlook_.out_of_spares_probability)
@@ -477,6 +484,7 @@ def plan_run(
         return run_goodput(
             interval_hours, stall_seconds, job_mtbf, spare_outlook_, in_allocation_hours, job_restart_hours,
             save_seconds, job_hours, evals, wait_for_nodes(spare_outlook_, spares_) if pool else 0.0,
+            write_hours,
         )  # fmt: skip
 
     expected, turnover = cycle(configured, outlook, spares)
@@ -571,7 +579,7 @@ def plan_run(
         in_allocation_restart_hours=in_allocation_hours,
         job_restart_hours=job_restart_hours,
         mean_restart_hours=restart_hours,
-        expected_work_lost_per_failure_hours=configured / 2 + restart_hours,
+        expected_work_lost_per_failure_hours=configured / 2 + min(write_hours, configured) + restart_hours,
         eval_fraction=evals,
         turnover_fraction=turnover,
         nodes_out_mean=nodes_out,

@@ -91,7 +91,9 @@ def test_two_nodes_one_spare_by_hand(tmp_path: Path, capsys) -> None:
     gb_per_second = _plan_json(capsys, path)["snapshot_gib_per_rank"] * 1024**3 / 1e9 / 18
     async_plan = _plan_json(capsys, path, "--snapshot-gb-per-second", repr(gb_per_second))
     assert abs(async_plan["save_stall_seconds"] - 18) < 1e-9
-    async_lost = lost - 0.1 / 2 + 0.005 / 2  # the stall shrinks; the final save before the limit does not
+    # The stall shrinks; the final save before the limit does not; a failure during the 0.1 h
+    # background write loses that save too (the one before is the newest complete): + 0.1 h / 20 h.
+    async_lost = lost - 0.1 / 2 + 0.005 / 2 + 0.1 / 20
     assert abs(async_plan["expected_goodput"] - (1 - async_lost) * job / (job + 0.5)) < 1e-12
 
 
@@ -128,14 +130,16 @@ def test_spares_per_job_match_a_monte_carlo_of_jobs() -> None:
 
 def _simulate_timeline(
     limit: float, mtbf: float, spares: int, interval: float, stall: float, in_allocation: float,
-    job_start: float, final_save: float, hours: float, seed: int,
+    job_start: float, final_save: float, hours: float, seed: int, write: float = 0.0,
 ) -> float:
     """The share of `hours` of wall time that is not useful training, jobs laid out one after the
     other: each job runs `limit` hours; failures come every `mtbf` hours on average (on the job's
     clock); saves every `interval` hours of training after each (re)start, each stalling `stall`
     hours; a failure loses the work since the last save; the first `spares` failures of a job
     cost `in_allocation` hours inside it, the next one ends it; a job that reaches its limit also
-    loses its `final_save`; the next job trains `job_start` hours after the last one ended."""
+    loses its `final_save`; the next job trains `job_start` hours after the last one ended; a save
+    is complete `write` hours after it (an async save's background write): a failure before then
+    loses the interval before it too."""
     rng = random.Random(seed)
     wall = lost = 0.0
     while wall < hours:
@@ -149,7 +153,9 @@ def _simulate_timeline(
                 lost += final_save + job_start
                 wall += job_start
                 break
-            lost += (failure - started) % interval  # the work since the last save
+            since = failure - started
+            in_write = since >= interval and since % interval < write  # the newest save not complete yet
+            lost += since % interval + (interval if in_write else 0.0)  # the work since the last complete save
             if used < spares:  # a spare takes over inside the job, from the last save
                 used += 1
                 clock = started = min(limit, failure + in_allocation)
@@ -173,6 +179,7 @@ def test_goodput_matches_jobs_laid_out_on_a_timeline() -> None:
         simulated = _simulate_timeline(
             limit, mtbf, spares, plan.checkpoint_interval_hours, plan.save_stall_seconds / 3600, in_minutes / 60,
             plan.job_restart_hours, plan.save_seconds / 3600, hours=3e6, seed=spares,
+            write=plan.save_seconds / 3600 if cfg.checkpoint.async_save else 0.0,
         )  # fmt: skip
         predicted = 1 - plan.expected_goodput
         print(f"limit {limit:g} h, {spares} spares, {in_minutes:g} min inside: lost {predicted:.5f} predicted, "
