@@ -200,6 +200,24 @@ def recovery_by_path(runs: list[dict]) -> dict:
     }
 
 
+def replan(runs: list[dict]) -> None:
+    """Each run's planner goodput from this tree's planner, on the soak's config at its rate (as
+    simulation/soak.py asks it: the published rate is the planner's MTBF too), marked "replanned"."""
+    from orchestrator.plan.planner import plan_run  # noqa: PLC0415
+    from simulation.harness import bloom_config  # noqa: PLC0415
+    from simulation.soak import RATE_PER_GPU_HOUR  # noqa: PLC0415
+
+    for run in runs:
+        mtbf = 1 / (RATE_PER_GPU_HOUR * run["rate_x"])
+        cfg = bloom_config(cluster={"gpu_mtbf_hours": mtbf})
+        planner = run["planner"]
+        planner["plan_run_expected_goodput"] = plan_run(cfg, gpu_mtbf_hours=mtbf).expected_goodput
+        planner["plan_run_expected_goodput_job_level_only"] = plan_run(
+            cfg, gpu_mtbf_hours=mtbf, spare_nodes=0
+        ).expected_goodput
+        planner["replanned"] = True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=seed_range, default=[0])
@@ -210,9 +228,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
     parser.add_argument("--no-probe", action="store_true", help="the controller never asks a silent node")
     parser.add_argument("--resummarize", action="store_true", help="recompute --out's summary from its runs")
+    parser.add_argument("--replan", action="store_true",
+                        help="with --resummarize: the planner's figures again, from this tree's planner (they "
+                        "depend on the config and the rate only, not on the simulated month)")  # fmt: skip
     args = parser.parse_args()
     if args.resummarize:
         result = json.loads(args.out.read_text())
+        if args.replan:
+            replan(result["runs"])
         result["summary"] = aggregate(result["runs"])
         args.out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
         print(summary(result))
