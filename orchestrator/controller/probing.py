@@ -115,54 +115,58 @@ class NodeProber:
             if not mine:
                 continue
             node = node_of(mine[0])
-            script = probe.script({b.rank: b.pid for b in mine}, run_dir, FS_SECONDS)
-            try:
-                output = ask(job_id, node, script, PROBE_TIMEOUT_SECONDS)
-            except SchedulerError:
+            pids = {b.rank: b.pid for b in mine}
+            asked = self._ask(ask, job_id, node, pids, run_dir, early=host not in silent)
+            if asked is None:
                 break  # slurmctld does not answer: nothing learned of any node; asked on a later pass
-            report = probe.parse(node, output)
-            verdict, why = probe.verdict(report)
-            answer = Answer(verdict, verdict is probe.Verdict.LOST or host in silent)
-            self.asked[(job_id, host)] = answer
-            if verdict is probe.Verdict.STALL:
-                self.stalled.add((job_id, node))
-            else:  # a later answer replaces an early "stall"
-                self.stalled.discard((job_id, node))
-            ranks = {str(r): s.value for r, s in sorted(report.ranks.items())}
-            event = fev.NodeProbed(
-                job_id=job_id,
-                node=node,
-                verdict=verdict.value,
-                why=why,
-                fs_answers=report.fs_answers,
-                ranks=ranks,
-                early=host not in silent,
-            )
-            actions.append(Record(event))
+            verdict, record = asked
+            self.asked[(job_id, host)] = Answer(verdict, verdict is probe.Verdict.LOST or host in silent)
+            actions.append(record)
         for node in sorted(unseen):
             if (job_id, node) in self.asked_unseen:
                 continue
             if len(actions) >= MAX_ASKED_PER_PASS:
                 break
-            try:
-                output = ask(job_id, node, probe.script({}, run_dir, FS_SECONDS), PROBE_TIMEOUT_SECONDS)
-            except SchedulerError:
+            asked = self._ask(ask, job_id, node, {}, run_dir, before_first_beat=True)
+            if asked is None:
                 break
-            report = probe.parse(node, output)
-            verdict, why = probe.verdict(report)
             self.asked_unseen[(job_id, node)] = view.assessment.unseen_since or view.mono
-            if verdict is probe.Verdict.STALL:
-                self.stalled.add((job_id, node))
-            event = fev.NodeProbed(
-                job_id=job_id,
-                node=node,
-                verdict=verdict.value,
-                why=why,
-                fs_answers=report.fs_answers,
-                before_first_beat=True,
-            )
-            actions.append(Record(event))
+            actions.append(asked[1])
         return actions
+
+    def _ask(
+        self,
+        ask: Callable[[str, str, str, float], str | None],
+        job_id: str,
+        node: str,
+        pids: dict[int, int],
+        run_dir: str,
+        **how: bool,
+    ) -> tuple[probe.Verdict, Record] | None:
+        """One probe step on `node` (`pids`: its ranks' processes, none when they never beat): the
+        verdict, kept in `stalled` (a later answer that is not a stall replaces one), and its event
+        (`how`: early, before_first_beat). None when slurmctld could not make the step."""
+        try:
+            output = ask(job_id, node, probe.script(pids, run_dir, FS_SECONDS), PROBE_TIMEOUT_SECONDS)
+        except SchedulerError:
+            return None
+        report = probe.parse(node, output)
+        verdict, why = probe.verdict(report)
+        if verdict is probe.Verdict.STALL:
+            self.stalled.add((job_id, node))
+        else:
+            self.stalled.discard((job_id, node))
+        ranks = {str(r): s.value for r, s in sorted(report.ranks.items())}
+        event = fev.NodeProbed(
+            job_id=job_id,
+            node=node,
+            verdict=verdict.value,
+            why=why,
+            fs_answers=report.fs_answers,
+            ranks=ranks,
+            **how,
+        )
+        return verdict, Record(event)
 
     def _unseen_nodes(self, view: JobView) -> set[str]:
         """The job's nodes none of whose ranks has beaten in the launch being judged, while its
