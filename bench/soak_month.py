@@ -203,19 +203,17 @@ def recovery_by_path(runs: list[dict]) -> dict:
 def replan(runs: list[dict]) -> None:
     """Each run's planner goodput from this tree's planner, on the soak's config at its rate (as
     simulation/soak.py asks it: the published rate is the planner's MTBF too), marked "replanned"."""
-    from orchestrator.plan.planner import plan_run  # noqa: PLC0415
     from simulation.harness import bloom_config  # noqa: PLC0415
-    from simulation.soak import RATE_PER_GPU_HOUR  # noqa: PLC0415
+    from simulation.soak import RATE_PER_GPU_HOUR, planned  # noqa: PLC0415
 
     for run in runs:
-        mtbf = 1 / (RATE_PER_GPU_HOUR * run["rate_x"])
-        cfg = bloom_config(cluster={"gpu_mtbf_hours": mtbf})
-        planner = run["planner"]
-        planner["plan_run_expected_goodput"] = plan_run(cfg, gpu_mtbf_hours=mtbf).expected_goodput
-        planner["plan_run_expected_goodput_job_level_only"] = plan_run(
-            cfg, gpu_mtbf_hours=mtbf, spare_nodes=0
-        ).expected_goodput
-        planner["replanned"] = True
+        cfg = bloom_config(cluster={"gpu_mtbf_hours": 1 / (RATE_PER_GPU_HOUR * run["rate_x"])})
+        plan, job_level = planned(cfg, run["rate_x"])
+        run["planner"].update(
+            plan_run_expected_goodput=plan.expected_goodput,
+            plan_run_expected_goodput_job_level_only=job_level.expected_goodput,
+            replanned=True,
+        )
 
 
 def main() -> int:

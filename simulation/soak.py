@@ -251,6 +251,13 @@ def late(fault: dict[str, Any]) -> bool:
     return fault.get("detected_after_seconds", 0.0) - seen_after > fault.get("bound_seconds", math.inf)
 
 
+def planned(cfg: Any, rate_x: float) -> tuple[Any, Any]:
+    """The planner on the config alone at the soak's fault rate: the plan, and the same with every
+    restart job-level (no spares). It depends on the config and the rate only, not on the month."""
+    mtbf = 1 / (RATE_PER_GPU_HOUR * rate_x)
+    return plan_run(cfg, gpu_mtbf_hours=mtbf), plan_run(cfg, gpu_mtbf_hours=mtbf, spare_nodes=0)
+
+
 def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: float = 1.0) -> dict[str, Any]:
     wall = days * 86400
     ledger = dict(h.world.ledger)
@@ -315,8 +322,7 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
     mtbf = 1 / (RATE_PER_GPU_HOUR * rate_x * h.cfg.cluster.gpus)
     # The planner on the config alone, at the soak's fault rate (a rate both sides are given, not a
     # measurement of the simulation).
-    plan = plan_run(h.cfg, gpu_mtbf_hours=1 / (RATE_PER_GPU_HOUR * rate_x))
-    job_level = plan_run(h.cfg, gpu_mtbf_hours=1 / (RATE_PER_GPU_HOUR * rate_x), spare_nodes=0)
+    plan, job_level = planned(h.cfg, rate_x)
     starved = [t for t, _, _ in h.world.slurm.starved]
     short = [e[0] for e in h.events_named("pool_short")]
     silent_pending = [t for t in starved if not any(s <= t + h.poll for s in short)]
