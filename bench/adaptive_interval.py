@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.soak_month import one_seed, seed_range  # noqa: E402
-from orchestrator.plan.planner import young_daly_interval_hours  # noqa: E402
+from orchestrator.plan.goodput_model import young_daly_interval_hours  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CASES = {  # name: (true rate x, adaptive, fixed interval hours or None)

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract import failure_events as fev
-from orchestrator.plan.planner import goodput, plan_run
+from orchestrator.plan.goodput_model import goodput
+from orchestrator.plan.planner import plan_run
 from orchestrator.plan.pool_wait import pool_wait_hours
 from orchestrator.plan.restart_paths import FAULT_SHARES, HOST_FROZEN_SHARE
 
@@ -383,7 +384,7 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
                     h.cfg.exclusions.probation_hours, plan.out_of_spares_probability,
                 ),
             },
-            "formula": "orchestrator.plan.planner.goodput(interval_hours, save_seconds, job_mtbf_hours, restart_hours)",
+            "formula": "orchestrator.plan.goodput_model.goodput(interval_hours, save_seconds, job_mtbf_hours, restart_hours)",
             "goodput_at_published_rate": goodput(interval, save_seconds, mtbf, restart_hours),
             "goodput_with_planned_restart_hours": goodput(
                 interval, h.cfg.checkpoint.save_seconds, mtbf, plan.mean_restart_hours

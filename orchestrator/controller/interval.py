@@ -42,7 +42,8 @@ from orchestrator.contract.directive import DirectiveError
 from orchestrator.contract.events import read_events
 from orchestrator.contract.interval import CheckpointIntervalFit, IntervalDirective, read_interval_directive
 from orchestrator.contract.paths import RunPaths
-from orchestrator.plan.planner import plan_run, young_daly_interval_hours
+from orchestrator.plan.goodput_model import young_daly_interval_hours
+from orchestrator.plan.planner import plan_run
 
 from .actions import Record
 

@@ -28,7 +28,7 @@ formulas, and where they come from:
   too, so the work lost is tau/2 + W on average (W < tau). It is 0.06 points for BLOOM at Llama 3's
   rate and 0.6 at ten times it, where tau is 0.25 h. A failure during a sync save is not charged
   (~save_seconds^2 / (2 tau M));
-- spares and restarts (see `spare_outlook`): a job holds nodes + spare_nodes for its time limit T.
+- spares and restarts (see goodput_model.spare_outlook): a job holds nodes + spare_nodes for its time limit T.
   Failures in it are Poisson with mean mu = T / M. The first spare_nodes of them are restarted on a
   spare inside the job (watchdog.in_allocation_restart_minutes, else priced by
   orchestrator/plan/restart_paths.py: detection, the warm standby's start, the load from the nearest
@@ -38,7 +38,7 @@ formulas, and where they come from:
   the same nodes); idle spares' own failures are ignored. So a job sees E[min(N, S + 1)] failures,
   E[min(N, S)] of them on spares, and runs out of spares with probability P(N >= S + 1); R is the
   mean of the two restart times weighted by those counts;
-- jobs and time limits (see `run_goodput`): goodput is useful / wall time over one job and the
+- jobs and time limits (see goodput_model.run_goodput): goodput is useful / wall time over one job and the
   start of the next (a renewal cycle). A job lasts E[D] = M E[min(N, S + 1)] on average (Wald: each
   failure, spare or not, comes M after the last, and the job ends at its limit or at its (S + 1)-th
   failure); the next one starts after the job-level restart time (queue, init, checkpoint load),
@@ -65,6 +65,12 @@ from dataclasses import asdict, dataclass, field
 
 from orchestrator.plan.config import RunConfig
 from orchestrator.plan.config.slurm_time import slurm_time_seconds
+from orchestrator.plan.goodput_model import (
+    SpareOutlook,
+    run_goodput,
+    spare_outlook,
+    young_daly_interval_hours,
+)
 from orchestrator.plan.pool_wait import nodes_out_mean, pool_wait_hours
 from orchestrator.plan.restart_paths import RestartPaths
 from orchestrator.plan.time_budget import checkpoint_interval_seconds, time_budget_problems
@@ -298,60 +304,12 @@ def probe_forward_seconds(cfg: RunConfig, forward_seconds_per_iteration: float) 
     return forward_seconds_per_iteration * cfg.parallel.pp / cfg.micro_batches
 
 
-def young_daly_interval_hours(save_seconds: float, job_mtbf_hours: float) -> float:
-    return math.sqrt(2 * (save_seconds / 3600) * job_mtbf_hours)
-
-
-def goodput(interval_hours: float, save_seconds: float, job_mtbf_hours: float, restart_hours: float) -> float:
-    """Young/Daly's first-order goodput: minus checkpoint saves, minus per failure the work since the
-    last checkpoint (tau/2 on average) and the restart time (no time limit, no evals; `plan_run`
-    uses `run_goodput`, which has both)."""
-    save_hours = save_seconds / 3600
-    lost = save_hours / interval_hours + (interval_hours / 2 + restart_hours) / job_mtbf_hours
-    return max(0.0, 1.0 - lost)
-
-
 def eval_fraction(
     cfg: RunConfig, seconds_per_iteration: float, forward_seconds_per_iteration: float
 ) -> float:
     """Wall time in evals: eval_iters forward-only iterations every eval_interval iterations."""
     evaluation = cfg.data.eval_iters * forward_seconds_per_iteration
     return evaluation / (cfg.data.eval_interval * seconds_per_iteration + evaluation)
-
-
-def run_goodput(
-    interval_hours: float,
-    stall_seconds: float,
-    job_mtbf_hours: float,
-    outlook: SpareOutlook,
-    in_allocation_hours: float,
-    job_start_hours: float,
-    final_save_seconds: float,
-    job_hours: float,
-    evals: float,
-    pool_wait: float = 0.0,
-    write_hours: float = 0.0,
-) -> tuple[float, float]:
-    """(goodput, the share of wall time lost where jobs end at their time limit) over one job and
-    the start of the next (the module docstring has the model): useful / wall of that cycle.
-    `write_hours`: an async save's background write; a failure during it loses that save too (the
-    newest complete checkpoint is the one before), so a failure loses tau/2 + W on average."""
-    job_length = job_mtbf_hours * (outlook.spares_used_per_job + outlook.out_of_spares_probability)
-    if outlook.failures_per_job <= 1e-12:  # no failure expected: every job reaches its limit
-        job_length = job_hours
-    if job_length <= 0:
-        return 0.0, 0.0
-    reaches_limit = 1 - outlook.out_of_spares_probability
-    lost_in_job = (
-        stall_seconds / 3600 / interval_hours  # saves
-        + (interval_hours / 2 + min(write_hours, interval_hours)) / job_mtbf_hours  # work since the last save
-        + outlook.spares_used_per_job * in_allocation_hours / job_length  # restarts on a spare
-        + reaches_limit * final_save_seconds / 3600 / job_length  # the save before the time limit
-        + evals
-    )
-    wall = job_length + job_start_hours + pool_wait  # the next job waits for nodes, then starts
-    goodput = max(0.0, 1.0 - lost_in_job) * job_length / wall
-    return goodput, reaches_limit * (final_save_seconds / 3600 + job_start_hours) / wall
 
 
 def _minutes_or(configured: float | None, priced_seconds: float) -> float:
@@ -362,44 +320,6 @@ def _minutes_or(configured: float | None, priced_seconds: float) -> float:
 # ----------------------------------------------------------------------------- failures and spares
 def time_limit_hours(time_limit: str) -> float:
     return slurm_time_seconds(time_limit) / 3600
-
-
-def poisson_at_least(mean: float, k: int) -> float:
-    """P(N >= k) for N ~ Poisson(mean)."""
-    if k <= 0:
-        return 1.0
-    term = below = math.exp(-mean)
-    for i in range(1, k):
-        term *= mean / i
-        below += term
-    return max(0.0, 1.0 - below)
-
-
-@dataclass(frozen=True)
-class SpareOutlook:
-    failures_per_job: float  # mu: expected failures of the training GPUs in one time limit
-    spares_used_per_job: float  # E[min(N, S)]
-    out_of_spares_probability: float  # P(N >= S + 1): the job ends on a failure with no spare left
-    in_allocation_share: float  # E[min(N, S)] / E[min(N, S + 1)]
-    mean_restart_hours: float  # the restart times weighted by the two shares
-
-
-def spare_outlook(
-    job_hours: float, job_mtbf_hours: float, spares: int, in_allocation_hours: float, job_restart_hours: float
-) -> SpareOutlook:
-    """Where failures go when a job holds `spares` spare nodes (the module docstring has the model).
-
-    E[min(N, S)] = sum_{k=1..S} P(N >= k): each k-th failure of a job uses the k-th spare."""
-    mu = job_hours / job_mtbf_hours
-    used = sum(poisson_at_least(mu, k) for k in range(1, spares + 1))
-    out = poisson_at_least(mu, spares + 1)
-    failures = used + out  # a job ends at its (S + 1)-th failure
-    if failures > 0:
-        share = used / failures
-    else:  # a zero time limit: no failure in a job; say what the first one would do
-        share = 1.0 if spares else 0.0
-    mean = share * in_allocation_hours + (1 - share) * job_restart_hours
-    return SpareOutlook(mu, used, out, share, mean)
 
 
 # ----------------------------------------------------------------------------- the plan

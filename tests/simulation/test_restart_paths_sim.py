@@ -9,7 +9,8 @@ import statistics
 
 from orchestrator.contract import RunPaths
 from orchestrator.contract.interval import read_interval_directive
-from orchestrator.plan.planner import plan_run, young_daly_interval_hours
+from orchestrator.plan.goodput_model import young_daly_interval_hours
+from orchestrator.plan.planner import plan_run
 from simulation import bloom_config
 from simulation.soak import run_soak
 

@@ -24,7 +24,7 @@ from orchestrator.contract.interval import (
 )
 from orchestrator.controller.actions import Record
 from orchestrator.controller.interval import IntervalLearner, PublishInterval, fit_interval
-from orchestrator.plan.planner import young_daly_interval_hours
+from orchestrator.plan.goodput_model import young_daly_interval_hours
 
 PRIOR_MTBF = 119.79  # BLOOM's plan: 46,000 GPU-hours / 384 GPUs
 STALL = 30.0

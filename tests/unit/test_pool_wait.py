@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 
-from orchestrator.plan.planner import poisson_at_least
+from orchestrator.plan.goodput_model import poisson_at_least
 from orchestrator.plan.pool_wait import pool_wait_hours
 
 

@@ -1,0 +1,94 @@
+"""The arithmetic of failures and checkpoints that the planner's goodput is made of (pure): the
+Young/Daly interval and its goodput, where a job's failures go when it holds spares, and the
+goodput of one job and the start of the next (planner.py's module docstring has the model)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def young_daly_interval_hours(save_seconds: float, job_mtbf_hours: float) -> float:
+    return math.sqrt(2 * (save_seconds / 3600) * job_mtbf_hours)
+
+
+def goodput(interval_hours: float, save_seconds: float, job_mtbf_hours: float, restart_hours: float) -> float:
+    """Young/Daly's first-order goodput: minus checkpoint saves, minus per failure the work since the
+    last checkpoint (tau/2 on average) and the restart time (no time limit, no evals; `plan_run`
+    uses `run_goodput`, which has both)."""
+    save_hours = save_seconds / 3600
+    lost = save_hours / interval_hours + (interval_hours / 2 + restart_hours) / job_mtbf_hours
+    return max(0.0, 1.0 - lost)
+
+
+def poisson_at_least(mean: float, k: int) -> float:
+    """P(N >= k) for N ~ Poisson(mean)."""
+    if k <= 0:
+        return 1.0
+    term = below = math.exp(-mean)
+    for i in range(1, k):
+        term *= mean / i
+        below += term
+    return max(0.0, 1.0 - below)
+
+
+@dataclass(frozen=True)
+class SpareOutlook:
+    failures_per_job: float  # mu: expected failures of the training GPUs in one time limit
+    spares_used_per_job: float  # E[min(N, S)]
+    out_of_spares_probability: float  # P(N >= S + 1): the job ends on a failure with no spare left
+    in_allocation_share: float  # E[min(N, S)] / E[min(N, S + 1)]
+    mean_restart_hours: float  # the restart times weighted by the two shares
+
+
+def spare_outlook(
+    job_hours: float, job_mtbf_hours: float, spares: int, in_allocation_hours: float, job_restart_hours: float
+) -> SpareOutlook:
+    """Where failures go when a job holds `spares` spare nodes (the module docstring has the model).
+
+    E[min(N, S)] = sum_{k=1..S} P(N >= k): each k-th failure of a job uses the k-th spare."""
+    mu = job_hours / job_mtbf_hours
+    used = sum(poisson_at_least(mu, k) for k in range(1, spares + 1))
+    out = poisson_at_least(mu, spares + 1)
+    failures = used + out  # a job ends at its (S + 1)-th failure
+    if failures > 0:
+        share = used / failures
+    else:  # a zero time limit: no failure in a job; say what the first one would do
+        share = 1.0 if spares else 0.0
+    mean = share * in_allocation_hours + (1 - share) * job_restart_hours
+    return SpareOutlook(mu, used, out, share, mean)
+
+
+def run_goodput(
+    interval_hours: float,
+    stall_seconds: float,
+    job_mtbf_hours: float,
+    outlook: SpareOutlook,
+    in_allocation_hours: float,
+    job_start_hours: float,
+    final_save_seconds: float,
+    job_hours: float,
+    evals: float,
+    pool_wait: float = 0.0,
+    write_hours: float = 0.0,
+) -> tuple[float, float]:
+    """(goodput, the share of wall time lost where jobs end at their time limit) over one job and
+    the start of the next (the module docstring has the model): useful / wall of that cycle.
+    `write_hours`: an async save's background write; a failure during it loses that save too (the
+    newest complete checkpoint is the one before), so a failure loses tau/2 + W on average."""
+    job_length = job_mtbf_hours * (outlook.spares_used_per_job + outlook.out_of_spares_probability)
+    if outlook.failures_per_job <= 1e-12:  # no failure expected: every job reaches its limit
+        job_length = job_hours
+    if job_length <= 0:
+        return 0.0, 0.0
+    reaches_limit = 1 - outlook.out_of_spares_probability
+    lost_in_job = (
+        stall_seconds / 3600 / interval_hours  # saves
+        + (interval_hours / 2 + min(write_hours, interval_hours)) / job_mtbf_hours  # work since the last save
+        + outlook.spares_used_per_job * in_allocation_hours / job_length  # restarts on a spare
+        + reaches_limit * final_save_seconds / 3600 / job_length  # the save before the time limit
+        + evals
+    )
+    wall = job_length + job_start_hours + pool_wait  # the next job waits for nodes, then starts
+    goodput = max(0.0, 1.0 - lost_in_job) * job_length / wall
+    return goodput, reaches_limit * (final_save_seconds / 3600 + job_start_hours) / wall
