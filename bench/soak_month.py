@@ -91,6 +91,12 @@ def aggregate(runs: list[dict]) -> dict:
         for r in runs
     )
     less_injected = planner["plan_run_expected_goodput"] - injected_evals
+    # The planner's goodput is the steady state; a soak month begins with a submission: the queue
+    # and a cold start (no checkpoint to load yet) before its first step, which the run pays once.
+    timings = runs[0]["timings"]
+    first_start = timings["queue_wait_mean_seconds"] + timings["paths"]["seconds"]["start_cold"]
+    window = less_injected * (1 - first_start / runs[0]["wall_seconds"])
+    at_expected = goodput_at_expected_faults(runs)
     return {
         "seeds": [r["seed"] for r in runs],
         "days": runs[0]["days"],
@@ -147,7 +153,41 @@ def aggregate(runs: list[dict]) -> dict:
             "injected_eval_fraction": injected_evals,
             "expected_goodput_less_injected_evals": less_injected,
             "inside_ci95_less_injected_evals": mean - half <= less_injected <= mean + half if n > 1 else None,
+            "first_start_seconds": first_start,
+            "expected_goodput_for_the_month": window,
+            "inside_ci95_for_the_month": mean - half <= window <= mean + half if n > 1 else None,
+            "inside_ci95_at_expected_faults_for_the_month": (
+                at_expected["ci95"][0] <= window <= at_expected["ci95"][1] if at_expected else None
+            ),
         },
+        "goodput_at_expected_faults": at_expected,
+    }
+
+
+def goodput_at_expected_faults(runs: list[dict]) -> dict | None:
+    """The seeds' goodput at the fault count the rate gives (a least-squares line of goodput on each
+    month's fault count, and its 95% interval there): the same comparison as the plain mean with
+    the Poisson luck of the fault count taken out, so what stays is what the model gets wrong."""
+    n = len(runs)
+    xs = [float(r["faults_real"]) for r in runs]
+    ys = [r["goodput"] for r in runs]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    if n < 3 or sxx == 0:
+        return None
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
+    squares = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(xs, ys, strict=True))
+    residual = math.sqrt(squares / (n - 2))
+    expected = runs[0]["days"] * 24 / runs[0]["job_mtbf_hours"]
+    at = mean_y + slope * (expected - mean_x)
+    t = T95.get(n - 2) or next((v for k, v in sorted(T95.items()) if k >= n - 2), 1.96)
+    half = t * residual * math.sqrt(1 / n + (expected - mean_x) ** 2 / sxx)
+    return {
+        "faults_expected": expected,
+        "faults_mean": mean_x,
+        "goodput_per_fault": slope,
+        "mean": at,
+        "ci95": [at - half, at + half],
     }
 
 
@@ -287,6 +327,18 @@ def summary(result: dict) -> str:
         f"{100 * p.get('expected_goodput_less_injected_evals', p['expected_goodput']):.2f}% less the anomalies' extra evals, "
         f"{100 * p.get('injected_eval_fraction', 0.0):.2f}% of the wall time)",
     ]
+    if "expected_goodput_for_the_month" in p:
+        lines.append(
+            f"  planner for the month (less those evals, and the month's first start, "
+            f"{p['first_start_seconds']:.0f} s): {100 * p['expected_goodput_for_the_month']:.2f}%"
+        )
+    e = s.get("goodput_at_expected_faults")
+    if e:
+        lines.append(
+            f"  goodput at the expected {e['faults_expected']:.1f} faults a month (seeds had {e['faults_mean']:.2f}): "
+            f"{100 * e['mean']:.2f}% ({100 * e['ci95'][0]:.2f}-{100 * e['ci95'][1]:.2f}%), "
+            f"{100 * e['goodput_per_fault']:.3f} points a fault"
+        )
     for what, d in s.get("host_by_fault", {}).items():
         lines.append(
             f"  host {what:<6} (n={d['detected']['n']}) probe answered p50 {d['probed']['p50']} s, max "

@@ -272,13 +272,7 @@ class Incarnation:
         self.progress_time = t
         self._wrote(t)
         timings = self.world.timings
-        if self.world.kill_requested():
-            self.stop_after_step = ExitCode.KILLED
-        elif t - self.started >= timings.exit_duration_seconds:
-            self.stop_after_step = self.stop_after_step or ExitCode.TIME_BUDGET
-        if self.stop_after_step is not None or t - self.last_save >= self.world.save_interval_seconds():
-            self._start_save(t)
-        elif self.forced_eval_seconds is not None or self.step % timings.eval_every_steps == 0:
+        if self.forced_eval_seconds is not None or self.step % timings.eval_every_steps == 0:
             seconds = self.forced_eval_seconds or timings.noisy(self.world.rng, timings.eval_seconds)
             self.forced_eval_seconds = None
             self._set_phase(Phase.EVAL, t)
@@ -286,6 +280,18 @@ class Incarnation:
             iterations = max(1, self.world.cfg.data.eval_iters) * marks.MICRO_BATCHES
             self._begin(marks.chunks(Phase.EVAL, t, seconds, Mark.EVAL, iterations))
             self._at(t + seconds, self._eval_done)
+        else:
+            self._save_or_go_on(t)
+
+    def _save_or_go_on(self, t: float) -> None:
+        """After a step and its eval, as trainer/loop.py: the ranks agree on a kill, the time budget
+        or a save due, then save (and stop) or train on."""
+        if self.world.kill_requested():
+            self.stop_after_step = ExitCode.KILLED
+        elif t - self.started >= self.world.timings.exit_duration_seconds:
+            self.stop_after_step = self.stop_after_step or ExitCode.TIME_BUDGET
+        if self.stop_after_step is not None or t - self.last_save >= self.world.save_interval_seconds():
+            self._start_save(t)
         else:
             self._next_step(t)
 
@@ -346,7 +352,7 @@ class Incarnation:
     def _eval_done(self, t: float) -> None:
         self.world.note("eval_done", t, job_id=self.job_id)
         self._set_phase(Phase.STEP, t)
-        self._next_step(t)
+        self._save_or_go_on(t)
 
     def _exit(self, t: float, code: int) -> None:
         self.exit_code = code

@@ -14,8 +14,10 @@ Every figure is derived here, once, and written into the soak's output:
   launch before it trained: the launcher starts the standby then) and loads from the local and
   peer copies (when this job saved the checkpoint it resumes from: copies are made at a save);
   a new job starts cold and loads from the shared filesystem;
-- eval every `data.eval_interval` steps, `data.eval_iters` forward passes of about a third of a
-  training step each;
+- eval every `data.eval_interval` steps, before a save due at the same step (trainer/loop.py's
+  order), taking the planner's `eval_seconds`: `data.eval_iters` forward-only iterations, a
+  quarter of a training step each for BLOOM (a step does forward, backward and the activation
+  recompute: 4 forwards' FLOPs);
 - queue wait for a 48-node exclusive job: exponential, mean `recovery.queue_wait_minutes` (10 min,
   an assumption);
 - SLURM declares a silent node dead after SlurmdTimeout = 300 s (SLURM's default);
@@ -86,7 +88,7 @@ class Timings:
             init_seconds=paths.start_seconds(standby=False) - paths.import_seconds(standby=False),
             launch_seconds=paths.import_seconds(standby=False),
             eval_every_steps=int(cfg.data.eval_interval),
-            eval_seconds=cfg.data.eval_iters * step / 3,
+            eval_seconds=float(plan.eval_seconds),
             queue_wait_mean_seconds=paths.queue_wait_seconds,
             slurmd_timeout_seconds=300.0,
             login_hash_bytes_per_second=1e9,

@@ -154,8 +154,9 @@ def print_plan(name: str, plan: Plan, console: Console | None = None) -> None:
         ),
         (
             "work lost per failure",
-            f"{plan.expected_work_lost_per_failure_hours:.2f} h on average (half an interval"
-            + (" + the save's background write" if plan.async_save else "")
+            f"{plan.expected_work_lost_per_failure_hours:.2f} h on average (half the "
+            f"{plan.save_period_hours:.2f} h from one save to the next, + the save's stall"
+            + (" and background write" if plan.async_save else "")
             + " + restart)",
         ),
     ]

@@ -12,6 +12,14 @@ def young_daly_interval_hours(save_seconds: float, job_mtbf_hours: float) -> flo
     return math.sqrt(2 * (save_seconds / 3600) * job_mtbf_hours)
 
 
+def save_period_hours(interval_hours: float, stall_seconds: float, overshoot_seconds: float) -> float:
+    """From one save's snapshot to the next. The trainer restarts its interval clock when a save
+    returns (after its stall), and it decides at step ends: a time-based save starts at the end of
+    the step in which the interval runs out, half a step late on average (`overshoot_seconds`); a
+    step-based one is not late."""
+    return interval_hours + (stall_seconds + overshoot_seconds) / 3600
+
+
 def goodput(interval_hours: float, save_seconds: float, job_mtbf_hours: float, restart_hours: float) -> float:
     """Young/Daly's first-order goodput: minus checkpoint saves, minus per failure the work since the
     last checkpoint (tau/2 on average) and the restart time (no time limit, no evals; `plan_run`
@@ -60,7 +68,7 @@ def spare_outlook(
 
 
 def run_goodput(
-    interval_hours: float,
+    save_period_hours: float,
     stall_seconds: float,
     job_mtbf_hours: float,
     outlook: SpareOutlook,
@@ -70,12 +78,14 @@ def run_goodput(
     job_hours: float,
     evals: float,
     pool_wait: float = 0.0,
-    write_hours: float = 0.0,
+    unsealed_hours: float = 0.0,
 ) -> tuple[float, float]:
     """(goodput, the share of wall time lost where jobs end at their time limit) over one job and
     the start of the next (the module docstring has the model): useful / wall of that cycle.
-    `write_hours`: an async save's background write; a failure during it loses that save too (the
-    newest complete checkpoint is the one before), so a failure loses tau/2 + W on average."""
+    `save_period_hours`: from one save's snapshot to the next (planner.save_period_hours).
+    `unsealed_hours`: how long a save stays incomplete after its snapshot begins (the stall, and an
+    async save's background write); a failure then loses that save too (the newest complete
+    checkpoint is the one before), so a failure loses P/2 + U on average."""
     job_length = job_mtbf_hours * (outlook.spares_used_per_job + outlook.out_of_spares_probability)
     if outlook.failures_per_job <= 1e-12:  # no failure expected: every job reaches its limit
         job_length = job_hours
@@ -83,8 +93,8 @@ def run_goodput(
         return 0.0, 0.0
     reaches_limit = 1 - outlook.out_of_spares_probability
     lost_in_job = (
-        stall_seconds / 3600 / interval_hours  # saves
-        + (interval_hours / 2 + min(write_hours, interval_hours)) / job_mtbf_hours  # work since the last save
+        stall_seconds / 3600 / save_period_hours  # saves
+        + (save_period_hours / 2 + min(unsealed_hours, save_period_hours)) / job_mtbf_hours  # the work lost
         + outlook.spares_used_per_job * in_allocation_hours / job_length  # restarts on a spare
         + reaches_limit * final_save_seconds / 3600 / job_length  # the save before the time limit
         + evals

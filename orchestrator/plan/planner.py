@@ -23,11 +23,14 @@ formulas, and where they come from:
   (0.5 GB a rank at BLOOM's size, ~0.35 s at 1.45 GB/s, 7% of BLOOM's stall). The background write
   is assumed to end within an interval;
 - checkpoint interval: Young/Daly, tau = sqrt(2 delta M) for the save stall delta and job MTBF M
-  (of the training GPUs); goodput ~ 1 - delta/tau - (tau/2 + W + R)/M with mean restart time R
-  and, for async saves, W = save_seconds: a failure during the background write loses that save
-  too, so the work lost is tau/2 + W on average (W < tau). It is 0.06 points for BLOOM at Llama 3's
-  rate and 0.6 at ten times it, where tau is 0.25 h. A failure during a sync save is not charged
-  (~save_seconds^2 / (2 tau M));
+  (of the training GPUs); goodput ~ 1 - delta/P - (P/2 + U + R)/M with mean restart time R, where
+  - P is the period from one save's snapshot to the next (goodput_model.save_period_hours): tau +
+    delta, since the trainer's interval clock restarts when a save returns, + half a step for a
+    time-based interval, since saves start at step ends (BLOOM: 52 s);
+  - U is how long a save is incomplete after its snapshot begins: delta, + save_seconds for an
+    async save's background write. A failure then loses that save too, so the work lost is
+    P/2 + U on average (U < P). The write is 0.06 points for BLOOM at Llama 3's rate and 0.6 at ten
+    times it, where tau is 0.25 h;
 - spares and restarts (see goodput_model.spare_outlook): a job holds nodes + spare_nodes for its time limit T.
   Failures in it are Poisson with mean mu = T / M. The first spare_nodes of them are restarted on a
   spare inside the job (watchdog.in_allocation_restart_minutes, else priced by
@@ -42,8 +45,8 @@ formulas, and where they come from:
   start of the next (a renewal cycle). A job lasts E[D] = M E[min(N, S + 1)] on average (Wald: each
   failure, spare or not, comes M after the last, and the job ends at its limit or at its (S + 1)-th
   failure); the next one starts after the job-level restart time (queue, init, checkpoint load),
-  whatever ended it, plus the wait for nodes (see `pool_wait`). Inside the job: the save stalls, tau/2 of work per failure, the restarts on a
-  spare, evals, and, with probability 1 - P(N >= S + 1), the final save before the time limit (the
+  whatever ended it, plus the wait for nodes (see `pool_wait`). Inside the job: the save stalls,
+  P/2 + U of work per failure, the restarts on a spare, evals, and, with probability 1 - P(N >= S + 1), the final save before the time limit (the
   whole checkpoint.save_seconds: the job waits for that write even when saves are async). So a
   spare that costs nearly as much as a job-level restart can lower goodput: a job-level restart
   gives the next job a whole time limit, a spare restart does not;
@@ -68,6 +71,7 @@ from orchestrator.plan.config.slurm_time import slurm_time_seconds
 from orchestrator.plan.goodput_model import (
     SpareOutlook,
     run_goodput,
+    save_period_hours,
     spare_outlook,
     young_daly_interval_hours,
 )
@@ -137,6 +141,7 @@ class Plan:
     host_memory_gib: float
     checkpoint_interval_hours: float | None
     optimal_checkpoint_interval_hours: float
+    save_period_hours: float  # from one save's snapshot to the next, at the interval planned
     job_mtbf_hours: float  # of the training GPUs
     save_seconds: float  # one whole save (checkpoint.save_seconds)
     save_stall_seconds: float  # what one save stalls training (async: snapshot + probe, sync: the save)
@@ -152,6 +157,7 @@ class Plan:
     job_restart_hours: float
     mean_restart_hours: float
     expected_work_lost_per_failure_hours: float
+    eval_seconds: float  # one eval (eval_seconds)
     eval_fraction: float  # of wall time spent in evals
     turnover_fraction: float  # of wall time lost to time-limit turnovers (final save + next start)
     nodes_out_mean: float  # nodes out of service on average (probation after a GPU or host fault)
@@ -304,11 +310,16 @@ def probe_forward_seconds(cfg: RunConfig, forward_seconds_per_iteration: float) 
     return forward_seconds_per_iteration * cfg.parallel.pp / cfg.micro_batches
 
 
+def eval_seconds(cfg: RunConfig, forward_seconds_per_iteration: float) -> float:
+    """One eval: eval_iters forward-only iterations (no backward, no activation recompute)."""
+    return cfg.data.eval_iters * forward_seconds_per_iteration
+
+
 def eval_fraction(
     cfg: RunConfig, seconds_per_iteration: float, forward_seconds_per_iteration: float
 ) -> float:
-    """Wall time in evals: eval_iters forward-only iterations every eval_interval iterations."""
-    evaluation = cfg.data.eval_iters * forward_seconds_per_iteration
+    """Wall time in evals: one eval every eval_interval iterations."""
+    evaluation = eval_seconds(cfg, forward_seconds_per_iteration)
     return evaluation / (cfg.data.eval_interval * seconds_per_iteration + evaluation)
 
 
@@ -382,17 +393,24 @@ def plan_run(
     outlook = spare_outlook(job_hours, job_mtbf, spares, in_allocation_hours, job_restart_hours)
     restart_hours = outlook.mean_restart_hours
     optimal = young_daly_interval_hours(stall_seconds, job_mtbf)
-    interval_seconds, _ = checkpoint_interval_seconds(cfg, seconds)  # the earlier of hours and steps
+    # The earlier of hours and steps.
+    interval_seconds, interval_key = checkpoint_interval_seconds(cfg, seconds)
     interval = None if interval_seconds is None else interval_seconds / 3600
     configured = interval if interval is not None else optimal
+    by_steps = interval_key.startswith("checkpoint.interval_steps")
     if cfg.checkpoint.adaptive_interval == "apply":  # the controller re-fits it to Young/Daly
         configured = min(max(optimal, cfg.checkpoint.min_interval_hours), cfg.checkpoint.max_interval_hours)
+        by_steps = False
+    overshoot_seconds = 0.0 if by_steps else seconds / 2
     evals = eval_fraction(cfg, seconds, forward_seconds)
     no_spares = spare_outlook(job_hours, job_mtbf, 0, in_allocation_hours, job_restart_hours)
     out_hours = cfg.exclusions.probation_hours if cfg.exclusions.on_pool_short == "wait" else 0.0
     nodes_out = nodes_out_mean(job_mtbf, out_hours)
 
-    write_hours = save_seconds / 3600 if cfg.checkpoint.async_save else 0.0  # lost with a failure in it
+    def period(interval_hours: float) -> float:
+        return save_period_hours(interval_hours, stall_seconds, overshoot_seconds)
+
+    unsealed_hours = (stall_seconds + (save_seconds if cfg.checkpoint.async_save else 0.0)) / 3600
 
     def wait_for_nodes(spare_outlook_: SpareOutlook, spares_: int) -> float:
         slack = spares_ + c.partition_extra_nodes
@@ -402,9 +420,9 @@ def plan_run(
         interval_hours: float, spare_outlook_: SpareOutlook, spares_: int, pool: bool = True
     ) -> tuple[float, float]:
         return run_goodput(
-            interval_hours, stall_seconds, job_mtbf, spare_outlook_, in_allocation_hours, job_restart_hours,
+            period(interval_hours), stall_seconds, job_mtbf, spare_outlook_, in_allocation_hours, job_restart_hours,
             save_seconds, job_hours, evals, wait_for_nodes(spare_outlook_, spares_) if pool else 0.0,
-            write_hours,
+            unsealed_hours,
         )  # fmt: skip
 
     expected, turnover = cycle(configured, outlook, spares)
@@ -499,7 +517,11 @@ def plan_run(
         in_allocation_restart_hours=in_allocation_hours,
         job_restart_hours=job_restart_hours,
         mean_restart_hours=restart_hours,
-        expected_work_lost_per_failure_hours=configured / 2 + min(write_hours, configured) + restart_hours,
+        save_period_hours=period(configured),
+        expected_work_lost_per_failure_hours=(
+            period(configured) / 2 + min(unsealed_hours, period(configured)) + restart_hours
+        ),
+        eval_seconds=eval_seconds(cfg, forward_seconds),
         eval_fraction=evals,
         turnover_fraction=turnover,
         nodes_out_mean=nodes_out,

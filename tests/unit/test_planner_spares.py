@@ -50,22 +50,27 @@ def test_two_nodes_one_spare_by_hand(tmp_path: Path, capsys) -> None:
     restart_h = (first * 0.05 + second * 0.5) / (first + second)  # 0.133925 h
     # One job and the next one's start. A job lasts 20 h x E[min(N, 2)] = 20 x (first + second) on
     # average (each failure 20 h after the last, Wald) and reaches its 10 h limit unless it meets a
-    # second failure. Inside it: a 0.1 h save every 2 h (0.05), 1/20 failures per hour each losing
-    # half an interval (1 h), `first` spare restarts of 0.05 h, and the final 0.1 h save of a job that
-    # reaches its limit. Then 0.5 h until the next job trains.
+    # second failure. From one save to the next: the 2 h interval, counted from the end of a save
+    # (0.1 h), and half a step, since a save waits for the step in which the interval ends:
+    # P = 2.1 h + half of tiny-cpu's step. Inside a job: a 0.1 h save every P hours, 1/20 failures
+    # per hour each losing half a period and, when it hits a save, the period before (a save is
+    # incomplete for its 0.1 h: + 0.1 h on average), `first` spare restarts of 0.05 h, and the final
+    # 0.1 h save of a job that reaches its limit. Then 0.5 h until the next job trains.
+    period = 2 + 0.1 + plan["seconds_per_iteration"] / 2 / 3600  # 2.100002 h
     job = 20 * (first + second)  # 9.673460 h
-    lost = 0.1 / 2 + 1 / 20 + first * 0.05 / job + (1 - second) * 0.1 / job  # 0.111439
-    with_spare = (1 - lost) * job / (job + 0.5)  # 0.844890
+    lost = 0.1 / period + (period / 2 + 0.1) / 20 + first * 0.05 / job + (1 - second) * 0.1 / job  # 0.116558
+    with_spare = (1 - lost) * job / (job + 0.5)  # 0.840023
     turnover = (1 - second) * (0.1 + 0.5) / (job + 0.5)  # 0.053658
     job_none = 20 * first  # no spare: the first failure ends the job, 7.869387 h
-    without = (1 - 0.1 / 2 - 1 / 20 - (1 - first) * 0.1 / job_none) * job_none / (job_none + 0.5)  # 0.838986
+    without = (1 - 0.1 / period - (period / 2 + 0.1) / 20 - (1 - first) * 0.1 / job_none) * job_none / (job_none + 0.5)
     with capsys.disabled():
         print(f"P(N>=2) {plan['out_of_spares_probability']:.6f} (by hand {second:.6f}), restart "
               f"{plan['mean_restart_hours']:.6f} h (by hand {restart_h:.6f}), goodput {plan['expected_goodput']:.6f} "
               f"(by hand {with_spare:.6f}), without spares {plan['expected_goodput_without_spares']:.6f} ({without}); "
               f"max error {abs(plan['expected_goodput'] - with_spare):.1e}")
     assert abs(first - 0.393469) < 1e-6 and abs(second - 0.090204) < 1e-6  # the hand numbers themselves
-    assert abs(with_spare - 0.844890) < 1e-6 and abs(without - 0.838986) < 1e-6
+    assert abs(period - 2.100002) < 1e-6 and abs(with_spare - 0.840023) < 1e-6
+    assert abs(plan["save_period_hours"] - period) < 1e-12
     assert plan["eval_fraction"] == 0.0
     assert abs(plan["turnover_fraction"] - turnover) < 1e-12
     assert abs(plan["failures_per_job"] - 0.5) < 1e-12
@@ -91,9 +96,10 @@ def test_two_nodes_one_spare_by_hand(tmp_path: Path, capsys) -> None:
     gb_per_second = _plan_json(capsys, path)["snapshot_gib_per_rank"] * 1024**3 / 1e9 / 18
     async_plan = _plan_json(capsys, path, "--snapshot-gb-per-second", repr(gb_per_second))
     assert abs(async_plan["save_stall_seconds"] - 18) < 1e-9
-    # The stall shrinks; the final save before the limit does not; a failure during the 0.1 h
-    # background write loses that save too (the one before is the newest complete): + 0.1 h / 20 h.
-    async_lost = lost - 0.1 / 2 + 0.005 / 2 + 0.1 / 20
+    # The stall shrinks, and so does the period; the final save before the limit does not; a save
+    # is incomplete for its stall and its 0.1 h background write: a failure then loses it too.
+    async_period = 2 + 0.005 + plan["seconds_per_iteration"] / 2 / 3600
+    async_lost = lost - 0.1 / period + 0.005 / async_period - (period / 2 + 0.1) / 20 + (async_period / 2 + 0.105) / 20
     assert abs(async_plan["expected_goodput"] - (1 - async_lost) * job / (job + 0.5)) < 1e-12
 
 
@@ -176,10 +182,12 @@ def test_goodput_matches_jobs_laid_out_on_a_timeline() -> None:
         mtbf = 30.0  # the job fails every 30 h
         plan = plan_run(cfg, gpu_mtbf_hours=mtbf * cfg.cluster.gpus, spare_nodes=spares,
                         in_allocation_restart_minutes=in_minutes)  # fmt: skip
+        # Snapshots every save period (the hand test above checks it); a save is incomplete for its
+        # stall and, async, its background write.
+        write = plan.save_stall_seconds + (plan.save_seconds if cfg.checkpoint.async_save else 0.0)
         simulated = _simulate_timeline(
-            limit, mtbf, spares, plan.checkpoint_interval_hours, plan.save_stall_seconds / 3600, in_minutes / 60,
-            plan.job_restart_hours, plan.save_seconds / 3600, hours=3e6, seed=spares,
-            write=plan.save_seconds / 3600 if cfg.checkpoint.async_save else 0.0,
+            limit, mtbf, spares, plan.save_period_hours, plan.save_stall_seconds / 3600, in_minutes / 60,
+            plan.job_restart_hours, plan.save_seconds / 3600, hours=3e6, seed=spares, write=write / 3600,
         )  # fmt: skip
         predicted = 1 - plan.expected_goodput
         print(f"limit {limit:g} h, {spares} spares, {in_minutes:g} min inside: lost {predicted:.5f} predicted, "
