@@ -51,6 +51,7 @@ class Observer:
         self._beat_reader = HeartbeatReader(paths.heartbeats)
         self._beat_files: list[list[Heartbeat]] = []
         self.rank_nodes = jobs.RankNodes(cfg.cluster.gpus_per_node)  # shared with the supervisor
+        self._slurm_nodes: tuple[dict[str, NodeInfo] | None] | None = None  # this pass's answer, once asked
 
     def _ranks_on(self, nodes: set[str], job: JobRecord) -> frozenset[int]:
         """The ranks the launch places on `nodes` (none when there are none)."""
@@ -107,7 +108,18 @@ class Observer:
 
     def slurm_nodes(self) -> dict[str, NodeInfo] | None:
         """SLURM's view of every node (state, reason); None when it cannot be asked now (the
-        scheduler does not answer, or this backend cannot tell): then nothing is judged by it."""
+        scheduler does not answer, or this backend cannot tell): then nothing is judged by it.
+        Asked once a pass (`forget_slurm_nodes` ends one): a pass that recovers from a failure
+        judges the pool up to four times (the blame, before the sbatch, the spares it asks for, the
+        pass's end), and what they read (down, drained, reserved) is not changed by the pass."""
+        if self._slurm_nodes is None:
+            self._slurm_nodes = (self._ask_slurm_nodes(),)
+        return self._slurm_nodes[0]
+
+    def forget_slurm_nodes(self) -> None:
+        self._slurm_nodes = None
+
+    def _ask_slurm_nodes(self) -> dict[str, NodeInfo] | None:
         ask = getattr(self.scheduler, "nodes", None)  # a test double may not implement it
         if ask is None:
             return None

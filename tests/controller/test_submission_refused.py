@@ -128,7 +128,10 @@ def _five_node_run(mock_slurm_dir, tmp_path, node_list_known: bool):
     from orchestrator.slurm.mock import MockScheduler
 
     class FiveNodes(MockScheduler):
+        asked = 0  # scontrol show node, as slurmctld counts it
+
         def nodes(self) -> dict[str, NodeInfo]:
+            FiveNodes.asked += 1
             if not node_list_known:
                 raise SchedulerError("scontrol show node: slurm_load_node error: Socket timed out")
             return _idle(*FIVE)
@@ -161,7 +164,11 @@ def test_the_pool_check_gives_back_the_newest_deaths_before_an_sbatch_slurm_woul
     ctl, paths, sbatches = _five_node_run(mock_slurm_dir, tmp_path, node_list_known=True)
     ctl.start()
     try:
+        before = type(ctl.scheduler).asked
         assert ctl.safe_tick().error is None
+        # The pool is judged before the sbatch and at the pass's end: one question to slurmctld.
+        assert type(ctl.scheduler).asked - before == 1
+        assert ctl.safe_tick().error is None and type(ctl.scheduler).asked - before == 2
     finally:
         ctl.stop()
     assert sbatches == [["node01"]]  # never the refused one
