@@ -147,6 +147,7 @@ def aggregate(runs: list[dict]) -> dict:
             "expected_goodput": planner["plan_run_expected_goodput"],
             "expected_goodput_job_level_only": planner["plan_run_expected_goodput_job_level_only"],
             "terms": planner["plan_run_terms"],
+            "lost_fraction": planner.get("plan_run_losses"),
             "inside_ci95": mean - half <= planner["plan_run_expected_goodput"] <= mean + half
             if n > 1
             else None,
@@ -244,7 +245,7 @@ def replan(runs: list[dict]) -> None:
     """Each run's planner goodput from this tree's planner, on the soak's config at its rate (as
     simulation/soak.py asks it: the published rate is the planner's MTBF too), marked "replanned"."""
     from simulation.harness import bloom_config  # noqa: PLC0415
-    from simulation.soak import RATE_PER_GPU_HOUR, planned  # noqa: PLC0415
+    from simulation.soak import RATE_PER_GPU_HOUR, plan_losses, planned  # noqa: PLC0415
 
     for run in runs:
         cfg = bloom_config(cluster={"gpu_mtbf_hours": 1 / (RATE_PER_GPU_HOUR * run["rate_x"])})
@@ -252,6 +253,7 @@ def replan(runs: list[dict]) -> None:
         run["planner"].update(
             plan_run_expected_goodput=plan.expected_goodput,
             plan_run_expected_goodput_job_level_only=job_level.expected_goodput,
+            plan_run_losses=plan_losses(plan),
             replanned=True,
         )
 

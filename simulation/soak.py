@@ -34,6 +34,7 @@ touched is a false exclusion.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import random
 import statistics
@@ -259,6 +260,11 @@ def planned(cfg: Any, rate_x: float) -> tuple[Any, Any]:
     return plan_run(cfg, gpu_mtbf_hours=mtbf), plan_run(cfg, gpu_mtbf_hours=mtbf, spare_nodes=0)
 
 
+def plan_losses(plan: Any) -> dict[str, float]:
+    """The planner's shares of wall time lost, by cause (goodput_model.CycleLosses)."""
+    return {k: v for k, v in dataclasses.asdict(plan.losses).items() if k != "reaches_limit"}
+
+
 def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: float = 1.0) -> dict[str, Any]:
     wall = days * 86400
     ledger = dict(h.world.ledger)
@@ -364,6 +370,7 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
         "planner": {
             "plan_run_expected_goodput": plan.expected_goodput,
             "plan_run_expected_goodput_job_level_only": job_level.expected_goodput,
+            "plan_run_losses": plan_losses(plan),
             "plan_run_terms": {
                 "eval_fraction": plan.eval_fraction,
                 "turnover_fraction": plan.turnover_fraction,

@@ -23,7 +23,7 @@ def save_period_hours(interval_hours: float, stall_seconds: float, overshoot_sec
 def goodput(interval_hours: float, save_seconds: float, job_mtbf_hours: float, restart_hours: float) -> float:
     """Young/Daly's first-order goodput: minus checkpoint saves, minus per failure the work since the
     last checkpoint (tau/2 on average) and the restart time (no time limit, no evals; `plan_run`
-    uses `run_goodput`, which has both)."""
+    uses `cycle_losses`, which has both)."""
     save_hours = save_seconds / 3600
     lost = save_hours / interval_hours + (interval_hours / 2 + restart_hours) / job_mtbf_hours
     return max(0.0, 1.0 - lost)
@@ -67,7 +67,30 @@ def spare_outlook(
     return SpareOutlook(mu, used, out, share, mean)
 
 
-def run_goodput(
+@dataclass(frozen=True)
+class CycleLosses:
+    """Where the wall time of one job and the next one's start goes (shares of that cycle's wall time)."""
+
+    saves: float  # the save stalls
+    work_lost: float  # the work since the newest complete save, per failure
+    spare_restarts: float  # restarts on a spare inside the job
+    final_save: float  # the save before the time limit, of a job that reaches it
+    evals: float
+    job_start: float  # the next job's wait for nodes, queue, start and load
+    reaches_limit: float  # the share of jobs that end at their time limit, not out of spares
+
+    @property
+    def goodput(self) -> float:
+        return max(0.0, 1.0 - self.saves - self.work_lost - self.spare_restarts - self.final_save - self.evals
+                   - self.job_start)  # fmt: skip
+
+    @property
+    def turnover(self) -> float:
+        """The share lost where jobs end at their time limit: the final save and the next start."""
+        return self.final_save + self.reaches_limit * self.job_start
+
+
+def cycle_losses(
     save_period_hours: float,
     stall_seconds: float,
     job_mtbf_hours: float,
@@ -79,9 +102,9 @@ def run_goodput(
     evals: float,
     pool_wait: float = 0.0,
     unsealed_hours: float = 0.0,
-) -> tuple[float, float]:
-    """(goodput, the share of wall time lost where jobs end at their time limit) over one job and
-    the start of the next (the module docstring has the model): useful / wall of that cycle.
+) -> CycleLosses:
+    """Over one job and the start of the next (the module docstring has the model); goodput is
+    useful / wall of that cycle.
     `save_period_hours`: from one save's snapshot to the next (planner.save_period_hours).
     `unsealed_hours`: how long a save stays incomplete after its snapshot begins (the stall, and an
     async save's background write); a failure then loses that save too (the newest complete
@@ -90,15 +113,16 @@ def run_goodput(
     if outlook.failures_per_job <= 1e-12:  # no failure expected: every job reaches its limit
         job_length = job_hours
     if job_length <= 0:
-        return 0.0, 0.0
+        return CycleLosses(1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     reaches_limit = 1 - outlook.out_of_spares_probability
-    lost_in_job = (
-        stall_seconds / 3600 / save_period_hours  # saves
-        + (save_period_hours / 2 + min(unsealed_hours, save_period_hours)) / job_mtbf_hours  # the work lost
-        + outlook.spares_used_per_job * in_allocation_hours / job_length  # restarts on a spare
-        + reaches_limit * final_save_seconds / 3600 / job_length  # the save before the time limit
-        + evals
-    )
     wall = job_length + job_start_hours + pool_wait  # the next job waits for nodes, then starts
-    goodput = max(0.0, 1.0 - lost_in_job) * job_length / wall
-    return goodput, reaches_limit * (final_save_seconds / 3600 + job_start_hours) / wall
+    in_job = job_length / wall
+    return CycleLosses(
+        saves=stall_seconds / 3600 / save_period_hours * in_job,
+        work_lost=(save_period_hours / 2 + min(unsealed_hours, save_period_hours)) / job_mtbf_hours * in_job,
+        spare_restarts=outlook.spares_used_per_job * in_allocation_hours / wall,
+        final_save=reaches_limit * final_save_seconds / 3600 / wall,
+        evals=evals * in_job,
+        job_start=(job_start_hours + pool_wait) / wall,
+        reaches_limit=reaches_limit,
+    )

@@ -41,7 +41,7 @@ formulas, and where they come from:
   the same nodes); idle spares' own failures are ignored. So a job sees E[min(N, S + 1)] failures,
   E[min(N, S)] of them on spares, and runs out of spares with probability P(N >= S + 1); R is the
   mean of the two restart times weighted by those counts;
-- jobs and time limits (see goodput_model.run_goodput): goodput is useful / wall time over one job and the
+- jobs and time limits (see goodput_model.cycle_losses): goodput is useful / wall time over one job and the
   start of the next (a renewal cycle). A job lasts E[D] = M E[min(N, S + 1)] on average (Wald: each
   failure, spare or not, comes M after the last, and the job ends at its limit or at its (S + 1)-th
   failure); the next one starts after the job-level restart time (queue, init, checkpoint load),
@@ -69,8 +69,9 @@ from dataclasses import asdict, dataclass, field
 from orchestrator.plan.config import RunConfig
 from orchestrator.plan.config.slurm_time import slurm_time_seconds
 from orchestrator.plan.goodput_model import (
+    CycleLosses,
     SpareOutlook,
-    run_goodput,
+    cycle_losses,
     save_period_hours,
     spare_outlook,
     young_daly_interval_hours,
@@ -160,6 +161,7 @@ class Plan:
     eval_seconds: float  # one eval (eval_seconds)
     eval_fraction: float  # of wall time spent in evals
     turnover_fraction: float  # of wall time lost to time-limit turnovers (final save + next start)
+    losses: CycleLosses  # where the wall time goes besides training, at the configured interval
     nodes_out_mean: float  # nodes out of service on average (probation after a GPU or host fault)
     pool_slack_nodes: int  # how many may be out before a new job waits: spare_nodes + partition_extra_nodes
     pool_wait_hours: float  # E[W]: what a job start waits for nodes, on average (pool_wait.py)
@@ -418,15 +420,16 @@ def plan_run(
 
     def cycle(
         interval_hours: float, spare_outlook_: SpareOutlook, spares_: int, pool: bool = True
-    ) -> tuple[float, float]:
-        return run_goodput(
+    ) -> CycleLosses:
+        return cycle_losses(
             period(interval_hours), stall_seconds, job_mtbf, spare_outlook_, in_allocation_hours, job_restart_hours,
             save_seconds, job_hours, evals, wait_for_nodes(spare_outlook_, spares_) if pool else 0.0,
             unsealed_hours,
         )  # fmt: skip
 
-    expected, turnover = cycle(configured, outlook, spares)
-    optimal_goodput, _ = cycle(optimal, outlook, spares)
+    losses = cycle(configured, outlook, spares)
+    expected, turnover = losses.goodput, losses.turnover
+    optimal_goodput = cycle(optimal, outlook, spares).goodput
     pool_wait = wait_for_nodes(outlook, spares)
     training_share = c.nodes / allocated_nodes  # idle spares: allocated, billed, not training
 
@@ -524,15 +527,16 @@ def plan_run(
         eval_seconds=eval_seconds(cfg, forward_seconds),
         eval_fraction=evals,
         turnover_fraction=turnover,
+        losses=losses,
         nodes_out_mean=nodes_out,
         pool_slack_nodes=spares + c.partition_extra_nodes,
         pool_wait_hours=pool_wait,
-        pool_wait_goodput_cost=cycle(configured, outlook, spares, pool=False)[0] - expected,
+        pool_wait_goodput_cost=cycle(configured, outlook, spares, pool=False).goodput - expected,
         expected_goodput=expected,
         optimal_goodput=optimal_goodput,
         expected_goodput_allocated=expected * training_share,
         optimal_goodput_allocated=optimal_goodput * training_share,
-        expected_goodput_without_spares=cycle(configured, no_spares, 0)[0],
+        expected_goodput_without_spares=cycle(configured, no_spares, 0).goodput,
         problems=problems,
         adaptive_interval=cfg.checkpoint.adaptive_interval,
         restart_times_from="watchdog" if cfg.watchdog.restart_minutes is not None else "recovery",

@@ -23,7 +23,7 @@ The model, from config values only:
   of K uniforms), P when j = K + 1 (slack 0: the newest must return too), 0 when j <= 0:
       E[W] = P sum_K Poisson(K; m) [q w(K + 1 - slack, K) + (1 - q) w(K - slack, K)],
       w(j, K) = 0 if j <= 0, j / (K + 1) if j <= K, else 1.
-  The planner adds E[W] to every job's start (goodput_model.run_goodput's renewal cycle).
+  The planner adds E[W] to every job's start (goodput_model.cycle_losses: the renewal cycle).
 Where it is exact, and where not (tests/unit/test_pool_wait.py simulates the outages on a
 timeline): jobs without a time limit, failures going on in training time: exact. With a time limit,
 a job that ends at a failure had its failures close together, so more of them are still out than

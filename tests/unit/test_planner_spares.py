@@ -79,6 +79,12 @@ def test_two_nodes_one_spare_by_hand(tmp_path: Path, capsys) -> None:
     assert abs(plan["in_allocation_share"] - first / (first + second)) < 1e-12
     assert abs(plan["mean_restart_hours"] - restart_h) < 1e-12
     assert abs(plan["expected_goodput"] - with_spare) < 1e-12
+    # Where the rest goes, as shares of the cycle's wall time (the soak compares them cause by cause).
+    losses, in_job = plan["losses"], job / (job + 0.5)
+    assert abs(losses["work_lost"] - (period / 2 + 0.1) / 20 * in_job) < 1e-12
+    assert abs(losses["saves"] - 0.1 / period * in_job) < 1e-12 and losses["evals"] == 0.0
+    assert abs(losses["job_start"] - 0.5 / (job + 0.5)) < 1e-12
+    assert abs(1 - sum(v for k, v in losses.items() if k != "reaches_limit") - with_spare) < 1e-12
     assert abs(plan["expected_goodput_without_spares"] - without) < 1e-12
     # Of the 3 allocated nodes only 2 train: the spare's idle hours are overhead and billed.
     assert abs(plan["expected_goodput_allocated"] - with_spare * 2 / 3) < 1e-12
