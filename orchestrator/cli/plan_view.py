@@ -71,7 +71,11 @@ def _failure_rows(plan: Plan) -> list[tuple[str, str]]:
     if not plan.spare_nodes:
         return [
             *rows,
-            ("restart", f"every failure job-level through the queue, {job}; no cluster.spare_nodes"),
+            (
+                "restart",
+                f"{1 - plan.in_allocation_share:.1%} of failures job-level through the queue, {job}: those "
+                "that take a node (GPU, host), with no cluster.spare_nodes; the others in place",
+            ),
         ]
     inside = f"{plan.in_allocation_restart_hours * 60:.1f} min ({'recovery: standby, nearest copy' if priced else 'watchdog.in_allocation_restart_minutes'})"
     return [
@@ -83,7 +87,8 @@ def _failure_rows(plan: Plan) -> list[tuple[str, str]]:
         ),
         (
             "restart",
-            f"{plan.in_allocation_share:.1%} of failures on a spare inside the job, {inside}; "
+            f"{plan.in_allocation_share:.1%} of failures inside the job (on a spare, or in place when they "
+            f"take no node), {inside}; "
             f"{1 - plan.in_allocation_share:.1%} job-level through the queue, {job}; "
             f"{plan.mean_restart_hours * 60:.1f} min on average",
         ),
@@ -165,7 +170,7 @@ def print_plan(name: str, plan: Plan, console: Console | None = None) -> None:
         rows.append(
             (
                 "without spares",
-                f"goodput {plan.expected_goodput_without_spares:.1%} (every failure job-level): the "
+                f"goodput {plan.expected_goodput_without_spares:.1%} (every GPU or host failure job-level): the "
                 f"{plan.spare_nodes} spares add {100 * gain:.2f} points on the training GPUs and cost "
                 f"{plan.spare_nodes / plan.allocated_nodes:.1%} of the allocation",
             )

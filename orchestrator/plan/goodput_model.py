@@ -43,28 +43,43 @@ def poisson_at_least(mean: float, k: int) -> float:
 @dataclass(frozen=True)
 class SpareOutlook:
     failures_per_job: float  # mu: expected failures of the training GPUs in one time limit
-    spares_used_per_job: float  # E[min(N, S)]
+    spares_used_per_job: float  # E[min(N, S)], N the failures that take a node
     out_of_spares_probability: float  # P(N >= S + 1): the job ends on a failure with no spare left
-    in_allocation_share: float  # E[min(N, S)] / E[min(N, S + 1)]
+    in_allocation_share: float  # of a job's failures, the share restarted inside it
     mean_restart_hours: float  # the restart times weighted by the two shares
+    job_length_hours: float  # E[D]: a job ends at its limit or at its (S + 1)-th node-taking failure
+    in_allocation_restarts_per_job: float  # on a spare, or in place for a failure that takes no node
 
 
 def spare_outlook(
-    job_hours: float, job_mtbf_hours: float, spares: int, in_allocation_hours: float, job_restart_hours: float
+    job_hours: float,
+    job_mtbf_hours: float,
+    spares: int,
+    in_allocation_hours: float,
+    job_restart_hours: float,
+    node_share: float = 1.0,
 ) -> SpareOutlook:
-    """Where failures go when a job holds `spares` spare nodes (the module docstring has the model).
+    """Where failures go when a job holds `spares` spare nodes (planner.py's docstring has the model).
+    A share `node_share` of the failures takes a node (the controller excludes it: a spare takes
+    over); the others restart inside the job on the same nodes, whatever the spares.
 
-    E[min(N, S)] = sum_{k=1..S} P(N >= k): each k-th failure of a job uses the k-th spare."""
+    With N ~ Poisson(node_share x mu) node-taking failures in a time limit: E[min(N, S)] =
+    sum_{k=1..S} P(N >= k), each k-th of them using the k-th spare; the job ends at the (S + 1)-th,
+    so it lasts E[D] = (M / node_share) E[min(N, S + 1)] (Wald), and the others come at rate
+    (1 - node_share) / M over it."""
     mu = job_hours / job_mtbf_hours
-    used = sum(poisson_at_least(mu, k) for k in range(1, spares + 1))
-    out = poisson_at_least(mu, spares + 1)
-    failures = used + out  # a job ends at its (S + 1)-th failure
+    taking = node_share * mu
+    used = sum(poisson_at_least(taking, k) for k in range(1, spares + 1))
+    out = poisson_at_least(taking, spares + 1)
+    length = job_mtbf_hours / node_share * (used + out) if taking > 1e-12 else job_hours
+    in_place = (1 - node_share) * length / job_mtbf_hours
+    failures = used + in_place + out
     if failures > 0:
-        share = used / failures
+        share = (used + in_place) / failures
     else:  # a zero time limit: no failure in a job; say what the first one would do
         share = 1.0 if spares else 0.0
     mean = share * in_allocation_hours + (1 - share) * job_restart_hours
-    return SpareOutlook(mu, used, out, share, mean)
+    return SpareOutlook(mu, used, out, share, mean, length, used + in_place)
 
 
 @dataclass(frozen=True)
@@ -73,7 +88,7 @@ class CycleLosses:
 
     saves: float  # the save stalls
     work_lost: float  # the work since the newest complete save, per failure
-    spare_restarts: float  # restarts on a spare inside the job
+    in_allocation_restarts: float  # restarts inside the job (on a spare, or in place)
     final_save: float  # the save before the time limit, of a job that reaches it
     evals: float
     job_start: float  # the next job's wait for nodes, queue, start and load
@@ -81,7 +96,7 @@ class CycleLosses:
 
     @property
     def goodput(self) -> float:
-        return max(0.0, 1.0 - self.saves - self.work_lost - self.spare_restarts - self.final_save - self.evals
+        return max(0.0, 1.0 - self.saves - self.work_lost - self.in_allocation_restarts - self.final_save - self.evals
                    - self.job_start)  # fmt: skip
 
     @property
@@ -98,7 +113,6 @@ def cycle_losses(
     in_allocation_hours: float,
     job_start_hours: float,
     final_save_seconds: float,
-    job_hours: float,
     evals: float,
     pool_wait: float = 0.0,
     unsealed_hours: float = 0.0,
@@ -109,9 +123,7 @@ def cycle_losses(
     `unsealed_hours`: how long a save stays incomplete after its snapshot begins (the stall, and an
     async save's background write); a failure then loses that save too (the newest complete
     checkpoint is the one before), so a failure loses P/2 + U on average."""
-    job_length = job_mtbf_hours * (outlook.spares_used_per_job + outlook.out_of_spares_probability)
-    if outlook.failures_per_job <= 1e-12:  # no failure expected: every job reaches its limit
-        job_length = job_hours
+    job_length = outlook.job_length_hours
     if job_length <= 0:
         return CycleLosses(1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     reaches_limit = 1 - outlook.out_of_spares_probability
@@ -120,7 +132,7 @@ def cycle_losses(
     return CycleLosses(
         saves=stall_seconds / 3600 / save_period_hours * in_job,
         work_lost=(save_period_hours / 2 + min(unsealed_hours, save_period_hours)) / job_mtbf_hours * in_job,
-        spare_restarts=outlook.spares_used_per_job * in_allocation_hours / wall,
+        in_allocation_restarts=outlook.in_allocation_restarts_per_job * in_allocation_hours / wall,
         final_save=reaches_limit * final_save_seconds / 3600 / wall,
         evals=evals * in_job,
         job_start=(job_start_hours + pool_wait) / wall,

@@ -32,21 +32,24 @@ formulas, and where they come from:
     P/2 + U on average (U < P). The write is 0.06 points for BLOOM at Llama 3's rate and 0.6 at ten
     times it, where tau is 0.25 h;
 - spares and restarts (see goodput_model.spare_outlook): a job holds nodes + spare_nodes for its time limit T.
-  Failures in it are Poisson with mean mu = T / M. The first spare_nodes of them are restarted on a
-  spare inside the job (watchdog.in_allocation_restart_minutes, else priced by
-  orchestrator/plan/restart_paths.py: detection, the warm standby's start, the load from the nearest
-  copy), the next one ends the job: a job-level restart through the queue (watchdog.restart_minutes,
-  else priced the same way: detection, queue, cold start, shared load) with a fresh set of spares. Every
-  failure is taken to use up a spare (conservative: a crash with no node to blame could restart on
-  the same nodes); idle spares' own failures are ignored. So a job sees E[min(N, S + 1)] failures,
-  E[min(N, S)] of them on spares, and runs out of spares with probability P(N >= S + 1); R is the
-  mean of the two restart times weighted by those counts;
+  Failures in it are Poisson with mean mu = T / M. A GPU or a host fault takes its node (the
+  controller excludes it), 0.75 of them (pool_wait.NODE_TAKING_SHARE, Llama 3's Table 5); a
+  software fault or a network hang relaunches on the same nodes. The first spare_nodes node-taking
+  failures are restarted on a spare inside the job, the others in place (both
+  watchdog.in_allocation_restart_minutes, else priced by orchestrator/plan/restart_paths.py:
+  detection, the warm standby's start, the load from the nearest copy); the (S + 1)-th node-taking
+  one ends the job: a job-level restart through the queue (watchdog.restart_minutes, else priced the
+  same way: detection, queue, cold start, shared load) with a fresh set of spares. Idle spares' own
+  failures are ignored. So with N ~ Poisson(0.75 mu) node-taking failures, a job uses E[min(N, S)]
+  spares and runs out with probability P(N >= S + 1); R is the mean of the two restart times
+  weighted by the counts of in-job and job-level restarts;
 - jobs and time limits (see goodput_model.cycle_losses): goodput is useful / wall time over one job and the
-  start of the next (a renewal cycle). A job lasts E[D] = M E[min(N, S + 1)] on average (Wald: each
-  failure, spare or not, comes M after the last, and the job ends at its limit or at its (S + 1)-th
-  failure); the next one starts after the job-level restart time (queue, init, checkpoint load),
-  whatever ended it, plus the wait for nodes (see `pool_wait`). Inside the job: the save stalls,
-  P/2 + U of work per failure, the restarts on a spare, evals, and, with probability 1 - P(N >= S + 1), the final save before the time limit (the
+  start of the next (a renewal cycle). A job lasts E[D] = (M / 0.75) E[min(N, S + 1)] on average
+  (Wald: each node-taking failure comes M / 0.75 after the last, and the job ends at its limit or at
+  its (S + 1)-th); the next one starts after the job-level restart time (queue, init, checkpoint
+  load), whatever ended it, plus the wait for nodes (see `pool_wait`). Inside the job: the save
+  stalls, P/2 + U of work per failure (E[D] / M failures), the restarts inside the job, evals, and,
+  with probability 1 - P(N >= S + 1), the final save before the time limit (the
   whole checkpoint.save_seconds: the job waits for that write even when saves are async). So a
   spare that costs nearly as much as a job-level restart can lower goodput: a job-level restart
   gives the next job a whole time limit, a spare restart does not;
@@ -76,7 +79,7 @@ from orchestrator.plan.goodput_model import (
     spare_outlook,
     young_daly_interval_hours,
 )
-from orchestrator.plan.pool_wait import nodes_out_mean, pool_wait_hours
+from orchestrator.plan.pool_wait import NODE_TAKING_SHARE, nodes_out_mean, pool_wait_hours
 from orchestrator.plan.restart_paths import RestartPaths
 from orchestrator.plan.time_budget import checkpoint_interval_seconds, time_budget_problems
 
@@ -151,9 +154,9 @@ class Plan:
     probe_seconds: float  # the probe batch's forward at each save (0 without checkpoint.verify_probe)
     job_hours: float  # cluster.time_limit
     failures_per_job: float  # mu = job_hours / job_mtbf_hours
-    spares_used_per_job: float  # E[min(N, spare_nodes)], N ~ Poisson(mu)
+    spares_used_per_job: float  # E[min(N, spare_nodes)], N ~ Poisson(0.75 mu): the node-taking failures
     out_of_spares_probability: float  # P(N >= spare_nodes + 1)
-    in_allocation_share: float  # of all failures, the share restarted on a spare inside the job
+    in_allocation_share: float  # of all failures, the share restarted inside the job (spare or in place)
     in_allocation_restart_hours: float
     job_restart_hours: float
     mean_restart_hours: float
@@ -392,7 +395,8 @@ def plan_run(
         in_minutes = _minutes_or(cfg.watchdog.in_allocation_restart_minutes, paths.in_allocation_seconds())
     in_allocation_hours = in_minutes / 60
     job_hours = time_limit_hours(c.time_limit)
-    outlook = spare_outlook(job_hours, job_mtbf, spares, in_allocation_hours, job_restart_hours)
+    taking = NODE_TAKING_SHARE
+    outlook = spare_outlook(job_hours, job_mtbf, spares, in_allocation_hours, job_restart_hours, taking)
     restart_hours = outlook.mean_restart_hours
     optimal = young_daly_interval_hours(stall_seconds, job_mtbf)
     # The earlier of hours and steps.
@@ -405,7 +409,7 @@ def plan_run(
         by_steps = False
     overshoot_seconds = 0.0 if by_steps else seconds / 2
     evals = eval_fraction(cfg, seconds, forward_seconds)
-    no_spares = spare_outlook(job_hours, job_mtbf, 0, in_allocation_hours, job_restart_hours)
+    no_spares = spare_outlook(job_hours, job_mtbf, 0, in_allocation_hours, job_restart_hours, taking)
     out_hours = cfg.exclusions.probation_hours if cfg.exclusions.on_pool_short == "wait" else 0.0
     nodes_out = nodes_out_mean(job_mtbf, out_hours)
 
@@ -423,7 +427,7 @@ def plan_run(
     ) -> CycleLosses:
         return cycle_losses(
             period(interval_hours), stall_seconds, job_mtbf, spare_outlook_, in_allocation_hours, job_restart_hours,
-            save_seconds, job_hours, evals, wait_for_nodes(spare_outlook_, spares_) if pool else 0.0,
+            save_seconds, evals, wait_for_nodes(spare_outlook_, spares_) if pool else 0.0,
             unsealed_hours,
         )  # fmt: skip
 

@@ -7,7 +7,7 @@ The model, from config values only:
   software fault relaunches on the same nodes, a network hang excludes none. So a share
   NODE_TAKING_SHARE = FAULT_SHARES gpu + host = 0.75 of the failures (Llama 3, Table 5) takes a
   node out, at rate r = NODE_TAKING_SHARE / M per training hour (job MTBF M);
-- when it matters: a running job keeps its nodes (a failure inside it takes a spare), so the pool
+- when it matters: a running job keeps its nodes (a node-taking failure inside it takes a spare), so the pool
   is asked only when a job starts, after a job-level restart or a time limit. The controller then
   asks for the spares the pool has (controller/pool.py: min(spare_nodes, usable - nodes)): the job
   waits only while fewer than `nodes` are usable, i.e. while more than

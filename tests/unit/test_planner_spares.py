@@ -12,7 +12,9 @@ import yaml
 
 from orchestrator.cli.main import main
 from orchestrator.plan.config import parse_config
+from orchestrator.plan.goodput_model import spare_outlook
 from orchestrator.plan.planner import plan_run
+from orchestrator.plan.pool_wait import NODE_TAKING_SHARE
 from tests.unit.test_planner import BLOOM, _bloom_with, rel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +28,8 @@ def _plan_json(capsys, path: Path, *extra: str) -> dict:
 
 def test_two_nodes_one_spare_by_hand(tmp_path: Path, capsys) -> None:
     """2 training nodes of 1 GPU + 1 spare; a GPU fails every 40 h, so the job fails every
-    40 / 2 = 20 h, and a 10 h job sees mu = 10 / 20 = 0.5 failures on average.
+    40 / 2 = 20 h, and a 10 h job sees mu = 10 / 20 = 0.5 failures on average, 0.75 of them taking
+    their node (GPU and host faults: pool_wait.NODE_TAKING_SHARE).
     Saves: sync, 360 s = 0.1 h every 2 h. Restarts: 3 min on the spare, 30 min through the queue.
     No evals (eval_iters 0): the eval term is checked in test_evals_and_turnovers_match_a_simulated_timeline."""
     data = yaml.safe_load((ROOT / "configs" / "tiny-cpu.yaml").read_text())
@@ -41,42 +44,46 @@ def test_two_nodes_one_spare_by_hand(tmp_path: Path, capsys) -> None:
     path.write_text(yaml.safe_dump(data))
     plan = _plan_json(capsys, path)
 
-    # Failures in one job: N ~ Poisson(0.5). P(N=0) = e^-0.5, P(N=1) = 0.5 e^-0.5.
-    p0, p1 = math.exp(-0.5), 0.5 * math.exp(-0.5)
-    first = 1 - p0  # a first failure happens: it takes the spare            0.393469
-    second = 1 - p0 - p1  # a second one happens: no spare left, the job ends  0.090204
-    # Long run: each job meets E[failures] = first + second (it ends at its second one); of those,
-    # `first` restart on the spare in 0.05 h, `second` go through the queue in 0.5 h.
-    restart_h = (first * 0.05 + second * 0.5) / (first + second)  # 0.133925 h
-    # One job and the next one's start. A job lasts 20 h x E[min(N, 2)] = 20 x (first + second) on
-    # average (each failure 20 h after the last, Wald) and reaches its 10 h limit unless it meets a
-    # second failure. From one save to the next: the 2 h interval, counted from the end of a save
-    # (0.1 h), and half a step, since a save waits for the step in which the interval ends:
-    # P = 2.1 h + half of tiny-cpu's step. Inside a job: a 0.1 h save every P hours, 1/20 failures
-    # per hour each losing half a period and, when it hits a save, the period before (a save is
-    # incomplete for its 0.1 h: + 0.1 h on average), `first` spare restarts of 0.05 h, and the final
-    # 0.1 h save of a job that reaches its limit. Then 0.5 h until the next job trains.
+    # Failures in one job: Poisson(0.5); 0.75 of them take the node (GPU, host faults), the others
+    # (software, network) restart in place. Node-taking ones: N ~ Poisson(0.375).
+    p0, p1 = math.exp(-0.375), 0.375 * math.exp(-0.375)
+    first = 1 - p0  # a first node-taking failure happens: it takes the spare   0.312711
+    second = 1 - p0 - p1  # a second one: no spare left, the job ends           0.054977
+    # A job lasts (20 / 0.75) h x E[min(N, 2)] on average (each node-taking failure 26.7 h after the
+    # last, Wald) and reaches its 10 h limit unless it meets a second one; the others come every
+    # 20 / 0.25 = 80 h over it, each restarted in place like one on the spare.
+    job = 20 / 0.75 * (first + second)  # 9.805012 h
+    in_place = 0.25 * job / 20  # 0.122563
+    inside = first + in_place  # restarts inside the job, 0.05 h each; `second` go through the queue in 0.5 h
+    restart_h = (inside * 0.05 + second * 0.5) / (inside + second)  # 0.100463 h
+    # From one save to the next: the 2 h interval, counted from the end of a save (0.1 h), and half a
+    # step, since a save waits for the step in which the interval ends: P = 2.1 h + half of
+    # tiny-cpu's step. Inside a job: a 0.1 h save every P hours, 1/20 failures per hour each losing
+    # half a period and, when it hits a save, the period before (a save is incomplete for its 0.1 h:
+    # + 0.1 h on average), `inside` restarts of 0.05 h, and the final 0.1 h save of a job that
+    # reaches its limit. Then 0.5 h until the next job trains.
     period = 2 + 0.1 + plan["seconds_per_iteration"] / 2 / 3600  # 2.100002 h
-    job = 20 * (first + second)  # 9.673460 h
-    lost = 0.1 / period + (period / 2 + 0.1) / 20 + first * 0.05 / job + (1 - second) * 0.1 / job  # 0.116558
-    with_spare = (1 - lost) * job / (job + 0.5)  # 0.840023
-    turnover = (1 - second) * (0.1 + 0.5) / (job + 0.5)  # 0.053658
-    job_none = 20 * first  # no spare: the first failure ends the job, 7.869387 h
-    without = (1 - 0.1 / period - (period / 2 + 0.1) / 20 - (1 - first) * 0.1 / job_none) * job_none / (job_none + 0.5)
+    lost = 0.1 / period + (period / 2 + 0.1) / 20 + inside * 0.05 / job + (1 - second) * 0.1 / job  # 0.116977
+    with_spare = (1 - lost) * job / (job + 0.5)  # 0.840179
+    turnover = (1 - second) * (0.1 + 0.5) / (job + 0.5)  # 0.055023
+    job_none = 20 / 0.75 * first  # no spare: the first node-taking failure ends the job, 8.338953 h
+    lost_none = (0.1 / period + (period / 2 + 0.1) / 20 + 0.25 * job_none / 20 * 0.05 / job_none
+                 + (1 - first) * 0.1 / job_none)  # fmt: skip
+    without = (1 - lost_none) * job_none / (job_none + 0.5)
     with capsys.disabled():
         print(f"P(N>=2) {plan['out_of_spares_probability']:.6f} (by hand {second:.6f}), restart "
               f"{plan['mean_restart_hours']:.6f} h (by hand {restart_h:.6f}), goodput {plan['expected_goodput']:.6f} "
               f"(by hand {with_spare:.6f}), without spares {plan['expected_goodput_without_spares']:.6f} ({without}); "
               f"max error {abs(plan['expected_goodput'] - with_spare):.1e}")
-    assert abs(first - 0.393469) < 1e-6 and abs(second - 0.090204) < 1e-6  # the hand numbers themselves
-    assert abs(period - 2.100002) < 1e-6 and abs(with_spare - 0.840023) < 1e-6
+    assert abs(first - 0.312711) < 1e-6 and abs(second - 0.054977) < 1e-6  # the hand numbers themselves
+    assert abs(period - 2.100002) < 1e-6 and abs(job - 9.805012) < 1e-6 and abs(with_spare - 0.840179) < 1e-6
     assert abs(plan["save_period_hours"] - period) < 1e-12
     assert plan["eval_fraction"] == 0.0
     assert abs(plan["turnover_fraction"] - turnover) < 1e-12
     assert abs(plan["failures_per_job"] - 0.5) < 1e-12
     assert abs(plan["spares_used_per_job"] - first) < 1e-12
     assert abs(plan["out_of_spares_probability"] - second) < 1e-12
-    assert abs(plan["in_allocation_share"] - first / (first + second)) < 1e-12
+    assert abs(plan["in_allocation_share"] - inside / (inside + second)) < 1e-12
     assert abs(plan["mean_restart_hours"] - restart_h) < 1e-12
     assert abs(plan["expected_goodput"] - with_spare) < 1e-12
     # Where the rest goes, as shares of the cycle's wall time (the soak compares them cause by cause).
@@ -109,40 +116,49 @@ def test_two_nodes_one_spare_by_hand(tmp_path: Path, capsys) -> None:
     assert abs(async_plan["expected_goodput"] - (1 - async_lost) * job / (job + 0.5)) < 1e-12
 
 
-def _simulate_jobs(mu: float, spares: int, jobs: int, seed: int = 3) -> tuple[float, float, float]:
-    """Jobs of unit length with failures at rate mu; a job ends at its (spares + 1)-th failure.
-    Returns (spares used per job, share of jobs that ran out, share of failures on a spare)."""
+def _simulate_jobs(
+    mu: float, spares: int, jobs: int, taking: float, seed: int = 3
+) -> tuple[float, float, float, float]:
+    """Jobs of unit time limit with failures at rate mu, each taking its node with probability
+    `taking` (a spare replaces it; the others restart in place); a job ends at its (spares + 1)-th
+    node-taking failure. Returns (spares used per job, share of jobs that ran out, share of failures
+    restarted inside the job, mean job length)."""
     rng = random.Random(seed)
     used = out = failures = 0
+    length = 0.0
     for _ in range(jobs):
-        t, seen = rng.expovariate(mu), 0
-        while t < 1.0 and seen <= spares:
-            seen += 1
-            t += rng.expovariate(mu)
-        failures += seen
-        used += min(seen, spares)
-        out += seen > spares
-    return used / jobs, out / jobs, used / failures
+        t, took = rng.expovariate(mu), 0
+        while t < 1.0 and took <= spares:
+            failures += 1
+            took += rng.random() < taking
+            if took <= spares:
+                t += rng.expovariate(mu)
+        length += min(t, 1.0)
+        used += min(took, spares)
+        out += took > spares
+    return used / jobs, out / jobs, 1 - out / failures, length / jobs
 
 
 def test_spares_per_job_match_a_monte_carlo_of_jobs() -> None:
-    """BLOOM with 2 spares and a GPU MTBF that gives mu = 1.5 failures per 100 h job."""
+    """BLOOM with 2 spares and a GPU MTBF that gives mu = 1.5 failures per 100 h job, 0.75 of them
+    taking a node (GPU and host faults)."""
     mtbf = 100 / 1.5 * 384
     plan = plan_run(parse_config(_bloom_with()), gpu_mtbf_hours=mtbf, spare_nodes=2)
-    used, out, share = _simulate_jobs(1.5, 2, jobs=100_000)
+    used, out, share, length = _simulate_jobs(1.5, 2, jobs=100_000, taking=NODE_TAKING_SHARE)
+    outlook = spare_outlook(100.0, 100 / 1.5, 2, 0.0, 0.0, node_share=NODE_TAKING_SHARE)
     errors = (abs(plan.spares_used_per_job - used), abs(plan.out_of_spares_probability - out),
-              abs(plan.in_allocation_share - share))  # fmt: skip
-    print(f"simulated: used {used:.4f} out {out:.4f} on-spare share {share:.4f}; planner "
-          f"{plan.spares_used_per_job:.4f} {plan.out_of_spares_probability:.4f} {plan.in_allocation_share:.4f}; "
-          f"max error {max(errors):.4f}")
+              abs(plan.in_allocation_share - share), abs(outlook.job_length_hours / 100 - length))  # fmt: skip
+    print(f"simulated: used {used:.4f} out {out:.4f} in-job share {share:.4f} length {length:.4f}; planner "
+          f"{plan.spares_used_per_job:.4f} {plan.out_of_spares_probability:.4f} {plan.in_allocation_share:.4f} "
+          f"{outlook.job_length_hours / 100:.4f}; max error {max(errors):.4f}")
     assert abs(plan.failures_per_job - 1.5) < 1e-12
-    # 100k jobs: standard errors ~0.003 (used), 0.0012 (out), 0.0015 (share); allow 4 sigma.
-    assert errors[0] < 0.012 and errors[1] < 0.005 and errors[2] < 0.006
+    # 100k jobs: standard errors ~0.003 (used), 0.0012 (out), 0.001 (share), 0.001 (length); 4 sigma.
+    assert errors[0] < 0.012 and errors[1] < 0.005 and errors[2] < 0.004 and errors[3] < 0.004
 
 
 def _simulate_timeline(
     limit: float, mtbf: float, spares: int, interval: float, stall: float, in_allocation: float,
-    job_start: float, final_save: float, hours: float, seed: int, write: float = 0.0,
+    job_start: float, final_save: float, hours: float, seed: int, write: float = 0.0, taking: float = 1.0,
 ) -> float:
     """The share of `hours` of wall time that is not useful training, jobs laid out one after the
     other: each job runs `limit` hours; failures come every `mtbf` hours on average (on the job's
@@ -151,7 +167,8 @@ def _simulate_timeline(
     cost `in_allocation` hours inside it, the next one ends it; a job that reaches its limit also
     loses its `final_save`; the next job trains `job_start` hours after the last one ended; a save
     is complete `write` hours after it (an async save's background write): a failure before then
-    loses the interval before it too."""
+    loses the interval before it too; a failure takes its node with probability `taking` (the
+    others restart in place, as on a spare, and use none)."""
     rng = random.Random(seed)
     wall = lost = 0.0
     while wall < hours:
@@ -168,8 +185,9 @@ def _simulate_timeline(
             since = failure - started
             in_write = since >= interval and since % interval < write  # the newest save not complete yet
             lost += since % interval + (interval if in_write else 0.0)  # the work since the last complete save
-            if used < spares:  # a spare takes over inside the job, from the last save
-                used += 1
+            took = rng.random() < taking
+            if not took or used < spares:  # in place, or a spare takes over inside the job, from the last save
+                used += took
                 clock = started = min(limit, failure + in_allocation)
                 lost += clock - failure
                 wall += clock - failure
@@ -194,6 +212,7 @@ def test_goodput_matches_jobs_laid_out_on_a_timeline() -> None:
         simulated = _simulate_timeline(
             limit, mtbf, spares, plan.save_period_hours, plan.save_stall_seconds / 3600, in_minutes / 60,
             plan.job_restart_hours, plan.save_seconds / 3600, hours=3e6, seed=spares, write=write / 3600,
+            taking=NODE_TAKING_SHARE,
         )  # fmt: skip
         predicted = 1 - plan.expected_goodput
         print(f"limit {limit:g} h, {spares} spares, {in_minutes:g} min inside: lost {predicted:.5f} predicted, "
@@ -256,13 +275,14 @@ def test_bloom_plan_shows_48_plus_4_nodes(capsys, monkeypatch) -> None:
     assert abs(plan["failures_per_job"] - 100 * 384 / 46_000) < 1e-12
     # async: 13.94 GB of stage 0 per rank / 5.7 GB/s + the probe's forward (104.67 s / 4 x 12 / 128)
     assert rel(plan["save_stall_seconds"], 3_982_551_552 * 3.5 / 5.7e9 + 104.674 / 4 * 12 / 128) < 2e-4
-    mu = 100 * 384 / 46_000  # P(N >= 5): the 5th failure of a job finds no spare
+    # P(N >= 5): the 5th failure that takes a node (GPU, host: 0.75 of them) finds no spare.
+    mu = 0.75 * 100 * 384 / 46_000
     out_of_spares = 1 - math.exp(-mu) * (1 + mu + mu**2 / 2 + mu**3 / 6 + mu**4 / 24)
-    assert abs(plan["out_of_spares_probability"] - out_of_spares) < 1e-12 and f"{out_of_spares:.2%}" == "0.17%"
+    assert abs(plan["out_of_spares_probability"] - out_of_spares) < 1e-12 and f"{out_of_spares:.2%}" == "0.05%"
     monkeypatch.setenv("COLUMNS", "250")
     assert main(["plan", str(BLOOM)]) == 0
     out = capsys.readouterr().out
     assert "48 nodes + 4 spares = 52 allocated (416 GPUs, 384 training)" in out, out
     assert "idle spares" in out and "of the training GPUs" in out and "of the allocated GPUs" in out
-    assert "a job runs out of spares with probability 0.17%" in out, out
+    assert "a job runs out of spares with probability 0.05%" in out, out
     assert "4.9 s per save (async: the host snapshot, 13.9 GB per rank / 5.7 GB/s (checkpoint.snapshot_gb_per_second)" in out, out
