@@ -310,8 +310,11 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
     probes = h.events_named("node_probed")
     answered: set[int] = set()
     for fault in real:  # the first answer of the faulty node's probe, and how long after the fault
+        # Until training goes on again: a node a fault did not take (a software fault relaunches in
+        # place) may be asked hours later about a storage stall, which is not this fault's answer.
+        until = fault["t"] + fault["first_step_after_seconds"]
         mine = [i for i, e in enumerate(probes) if e[2].job_id == fault["job_id"]
-                and e[2].node == fault["node"] and e[0] >= fault["t"]]  # fmt: skip
+                and e[2].node == fault["node"] and fault["t"] <= e[0] <= until]  # fmt: skip
         if fault["node"] and mine:
             answered.update(mine)
             fault["probed_after_seconds"] = round(probes[mine[0]][1] - fault["t"], 1)
