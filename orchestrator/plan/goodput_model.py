@@ -91,13 +91,14 @@ class CycleLosses:
     in_allocation_restarts: float  # restarts inside the job (on a spare, or in place)
     final_save: float  # the save before the time limit, of a job that reaches it
     evals: float
-    job_start: float  # the next job's wait for nodes, queue, start and load
+    job_start: float  # the next job's queue, start and load
+    node_wait: float  # the next job's wait for nodes on probation (pool_wait.py)
     reaches_limit: float  # the share of jobs that end at their time limit, not out of spares
 
     @property
     def goodput(self) -> float:
         return max(0.0, 1.0 - self.saves - self.work_lost - self.in_allocation_restarts - self.final_save - self.evals
-                   - self.job_start)  # fmt: skip
+                   - self.job_start - self.node_wait)  # fmt: skip
 
     @property
     def turnover(self) -> float:
@@ -125,7 +126,7 @@ def cycle_losses(
     checkpoint is the one before), so a failure loses P/2 + U on average."""
     job_length = outlook.job_length_hours
     if job_length <= 0:
-        return CycleLosses(1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        return CycleLosses(1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     reaches_limit = 1 - outlook.out_of_spares_probability
     wall = job_length + job_start_hours + pool_wait  # the next job waits for nodes, then starts
     in_job = job_length / wall
@@ -135,6 +136,7 @@ def cycle_losses(
         in_allocation_restarts=outlook.in_allocation_restarts_per_job * in_allocation_hours / wall,
         final_save=reaches_limit * final_save_seconds / 3600 / wall,
         evals=evals * in_job,
-        job_start=(job_start_hours + pool_wait) / wall,
+        job_start=job_start_hours / wall,
+        node_wait=pool_wait / wall,
         reaches_limit=reaches_limit,
     )
