@@ -42,9 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract import failure_events as fev
-from orchestrator.plan.goodput_model import goodput
 from orchestrator.plan.planner import plan_run
-from orchestrator.plan.pool_wait import pool_wait_hours
 from orchestrator.plan.restart_paths import FAULT_SHARES, HOST_FROZEN_SHARE
 
 from .harness import Harness, bloom_config
@@ -328,7 +326,6 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
     restart_hours = statistics.fmean(costs) / 3600 if costs else 0.0
     saves = _save_durations(h)
     save_seconds = statistics.fmean(saves) if saves else h.timings.save_seconds
-    interval = h.cfg.checkpoint.interval_hours or h.timings.save_interval_seconds / 3600
     mtbf = 1 / (RATE_PER_GPU_HOUR * rate_x * h.cfg.cluster.gpus)
     # The planner on the config alone, at the soak's fault rate (a rate both sides are given, not a
     # measurement of the simulation).
@@ -336,9 +333,6 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
     starved = [t for t, _, _ in h.world.slurm.starved]
     short = [e[0] for e in h.events_named("pool_short")]
     silent_pending = [t for t in starved if not any(s <= t + h.poll for s in short)]
-    realized_mtbf = days * 24 / len(real) if real else math.inf
-    goodput_sim = useful / wall
-    planned_turnover = lost["eval"] + lost["exit"] + _turnover(h)
     return {
         "source": SOURCE,
         "rate_per_gpu_hour": RATE_PER_GPU_HOUR,
@@ -350,7 +344,7 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
         "useful_seconds": useful,
         "distinct_steps": len(last_completion),
         "saves_done": len(_save_durations(h)),
-        "goodput": goodput_sim,
+        "goodput": useful / wall,
         "lost_seconds": lost,
         "accounted_seconds": useful + sum(lost.values()),
         "faults_injected": injected,
@@ -386,36 +380,6 @@ def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: f
                 "pool_slack_nodes": plan.pool_slack_nodes,
                 "pool_wait_hours": plan.pool_wait_hours,
                 "pool_wait_goodput_cost": plan.pool_wait_goodput_cost,
-                # The simulated SLURM starts a job only on nodes + spare_nodes free nodes (it does
-                # not read the fewer spares the controller asks for when the pool is short), so
-                # its slack is partition_extra_nodes alone: the planner's wait with that slack.
-                "pool_wait_hours_with_simulated_slack": pool_wait_hours(
-                    plan.nodes_out_mean, h.cfg.cluster.partition_extra_nodes,
-                    h.cfg.exclusions.probation_hours, plan.out_of_spares_probability,
-                ),
-            },
-            "formula": "orchestrator.plan.goodput_model.goodput(interval_hours, save_seconds, job_mtbf_hours, restart_hours)",
-            "goodput_at_published_rate": goodput(interval, save_seconds, mtbf, restart_hours),
-            "goodput_with_planned_restart_hours": goodput(
-                interval, h.cfg.checkpoint.save_seconds, mtbf, plan.mean_restart_hours
-            ),
-            "goodput_at_realized_faults": goodput(interval, save_seconds, realized_mtbf, restart_hours)
-            if real
-            else goodput(interval, save_seconds, math.inf, 0.0),
-            "not_in_the_model_seconds": planned_turnover,
-            "goodput_sim_without_eval_and_job_turnover": (useful + planned_turnover) / wall,
-            "gap_explained": {
-                "faults_expected": days * 24 / mtbf,
-                "faults_drawn": len(real),
-                "work_lost_per_fault_hours_model": interval / 2,
-                "work_lost_per_fault_hours_sim": lost["recomputed_steps"] / 3600 / len(real) if real else 0.0,
-                "eval_and_job_turnover_fraction": planned_turnover / wall,
-                "why": "the planner counts evals at the config's interval only (the heavy anomalies add a "
-                "5-minute eval a day, 0.35 points), a save as its planned stall (save_stall_seconds), a turnover every job_hours, "
-                "and tau/2 of recomputed work per fault, where the sim charges the real time since the "
-                "last complete save (an async save in flight is lost with the job); with ~6 faults a "
-                "month the fault count and the work lost per fault carry Poisson/uniform noise of +-0.3 "
-                "to 0.4 points of goodput",
             },
         },
         "timings": h.timings.describe(),
@@ -444,14 +408,3 @@ def _save_durations(h: Harness) -> list[float]:
         elif what == "save_done" and fields["job_id"] in started:
             durations.append(t - started.pop(fields["job_id"]))
     return durations
-
-
-def _turnover(h: Harness) -> float:
-    """Queue, startup and load of jobs that followed a planned exit (time budget), not a fault."""
-    total = 0.0
-    exits = [i for i in h.world.incarnations if i.exit_code == 18 and i.gone_at is not None]
-    for inc in exits:
-        nxt = [t for t, what, _ in h.world.notes if what == "training" and t > inc.gone_at]
-        if nxt:
-            total += nxt[0] - inc.gone_at
-    return total
