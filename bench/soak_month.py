@@ -30,9 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from simulation.soak import FAULT_MIX, INJECTED_EVAL_SECONDS, late, run_soak  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# Student's t, two-sided 95%, by degrees of freedom (n - 1); 1.96 beyond the table.
+# Student's t, two-sided 95%, by degrees of freedom; 1.96 beyond the table.
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       12: 2.179, 15: 2.131, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
+       12: 2.179, 15: 2.131, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
+
+
+def t95(dof: int) -> float:
+    """Student's t at `dof` degrees of freedom (the next tabled one above, 1.96 beyond the table)."""
+    return T95.get(dof) or next((v for k, v in sorted(T95.items()) if k >= dof), 1.96)
 
 
 def seed_range(text: str) -> list[int]:
@@ -73,8 +78,7 @@ def aggregate(runs: list[dict]) -> dict:
     n = len(goodputs)
     mean = statistics.fmean(goodputs)
     sd = statistics.stdev(goodputs) if n > 1 else 0.0
-    t = T95.get(n - 1) or next((v for k, v in sorted(T95.items()) if k >= n - 1), 1.96)
-    half = t * sd / math.sqrt(n) if n > 1 else math.nan
+    half = t95(n - 1) * sd / math.sqrt(n) if n > 1 else math.nan
     latencies: dict[str, list[float]] = {kind: [] for kind, *_ in FAULT_MIX}
     recoveries: dict[str, list[float]] = {kind: [] for kind, *_ in FAULT_MIX}
     for r in runs:
@@ -172,17 +176,15 @@ def goodput_at_expected_faults(runs: list[dict]) -> dict | None:
     n = len(runs)
     xs = [float(r["faults_real"]) for r in runs]
     ys = [r["goodput"] for r in runs]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mean_x) ** 2 for x in xs)
-    if n < 3 or sxx == 0:
+    if n < 3 or len(set(xs)) < 2:
         return None
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
-    squares = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(xs, ys, strict=True))
-    residual = math.sqrt(squares / (n - 2))
+    slope, intercept = statistics.linear_regression(xs, ys)
+    mean_x = statistics.fmean(xs)
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    residual = math.sqrt(sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True)) / (n - 2))
     expected = runs[0]["days"] * 24 / runs[0]["job_mtbf_hours"]
-    at = mean_y + slope * (expected - mean_x)
-    t = T95.get(n - 2) or next((v for k, v in sorted(T95.items()) if k >= n - 2), 1.96)
-    half = t * residual * math.sqrt(1 / n + (expected - mean_x) ** 2 / sxx)
+    at = intercept + slope * expected
+    half = t95(n - 2) * residual * math.sqrt(1 / n + (expected - mean_x) ** 2 / sxx)
     return {
         "faults_expected": expected,
         "faults_mean": mean_x,

@@ -260,7 +260,7 @@ def planned(cfg: Any, rate_x: float) -> tuple[Any, Any]:
 
 def plan_losses(plan: Any) -> dict[str, float]:
     """The planner's shares of wall time lost, by cause (goodput_model.CycleLosses)."""
-    return {k: v for k, v in dataclasses.asdict(plan.losses).items() if k != "reaches_limit"}
+    return dataclasses.asdict(plan.losses)
 
 
 def summarize(h: Harness, injected: list[dict[str, Any]], days: float, rate_x: float = 1.0) -> dict[str, Any]:

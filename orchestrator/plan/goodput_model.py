@@ -5,7 +5,7 @@ goodput of one job and the start of the next (planner.py's module docstring has 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 
 def young_daly_interval_hours(save_seconds: float, job_mtbf_hours: float) -> float:
@@ -57,7 +57,7 @@ def spare_outlook(
     spares: int,
     in_allocation_hours: float,
     job_restart_hours: float,
-    node_share: float = 1.0,
+    node_share: float,
 ) -> SpareOutlook:
     """Where failures go when a job holds `spares` spare nodes (planner.py's docstring has the model).
     A share `node_share` of the failures takes a node (the controller excludes it: a spare takes
@@ -93,17 +93,10 @@ class CycleLosses:
     evals: float
     job_start: float  # the next job's queue, start and load
     node_wait: float  # the next job's wait for nodes on probation (pool_wait.py)
-    reaches_limit: float  # the share of jobs that end at their time limit, not out of spares
 
     @property
     def goodput(self) -> float:
-        return max(0.0, 1.0 - self.saves - self.work_lost - self.in_allocation_restarts - self.final_save - self.evals
-                   - self.job_start - self.node_wait)  # fmt: skip
-
-    @property
-    def turnover(self) -> float:
-        """The share lost where jobs end at their time limit: the final save and the next start."""
-        return self.final_save + self.reaches_limit * self.job_start
+        return max(0.0, 1.0 - sum(astuple(self)))
 
 
 def cycle_losses(
@@ -126,7 +119,7 @@ def cycle_losses(
     checkpoint is the one before), so a failure loses P/2 + U on average."""
     job_length = outlook.job_length_hours
     if job_length <= 0:
-        return CycleLosses(1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        return CycleLosses(1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     reaches_limit = 1 - outlook.out_of_spares_probability
     wall = job_length + job_start_hours + pool_wait  # the next job waits for nodes, then starts
     in_job = job_length / wall
@@ -138,5 +131,4 @@ def cycle_losses(
         evals=evals * in_job,
         job_start=job_start_hours / wall,
         node_wait=pool_wait / wall,
-        reaches_limit=reaches_limit,
     )

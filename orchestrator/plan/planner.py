@@ -432,7 +432,9 @@ def plan_run(
         )  # fmt: skip
 
     losses = cycle(configured, outlook, spares)
-    expected, turnover = losses.goodput, losses.turnover
+    expected = losses.goodput
+    # Jobs that end at their time limit: the final save and the next start.
+    turnover = losses.final_save + (1 - outlook.out_of_spares_probability) * losses.job_start
     optimal_goodput = cycle(optimal, outlook, spares).goodput
     pool_wait = wait_for_nodes(outlook, spares)
     training_share = c.nodes / allocated_nodes  # idle spares: allocated, billed, not training
