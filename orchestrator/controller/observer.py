@@ -109,7 +109,7 @@ class Observer:
     def slurm_nodes(self) -> dict[str, NodeInfo] | None:
         """SLURM's view of every node (state, reason); None when it cannot be asked now (the
         scheduler does not answer, or this backend cannot tell): then nothing is judged by it.
-        Asked once a pass (`forget_slurm_nodes` ends one): a pass that recovers from a failure
+        Asked once a pass (`forget_slurm_nodes` begins one): a pass that recovers from a failure
         judges the pool up to four times (the blame, before the sbatch, the spares it asks for, the
         pass's end), and what they read (down, drained, reserved) is not changed by the pass."""
         if self._slurm_nodes is None:

@@ -270,7 +270,7 @@ class Controller:
     # One pass -------------------------------------------------------------------------------
     def tick(self) -> PassResult:  # one reading of each clock: every decision of a pass is made at one time
         self._wall, self._mono = self.clock(), self.monotonic()
-        self.observer.forget_slurm_nodes()
+        self.observer.forget_slurm_nodes()  # asked once a pass, like the disk (_pass_disk)
         result = PassResult(time=self._wall, status=self.state.status.value)
         done = result.actions
         self._pass_disk = None
@@ -593,7 +593,6 @@ class Controller:
 
     def _finish_pass(self, result: PassResult) -> PassResult:
         self._pool(result.actions)
-        self.observer.forget_slurm_nodes()  # a submission between passes asks again
         self._apply(upkeep.status_after_pass(self.state), result.actions)
         self.state.last_pass = result.time
         result.status = self.state.status.value

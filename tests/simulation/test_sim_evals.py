@@ -1,6 +1,7 @@
 """The simulated trainer evaluates as trainer/loop.py does: after every data.eval_interval-th step,
-before a save due at the same step, for the planner's eval time (eval_iters forward-only
-iterations: a quarter of a BLOOM step each, not a third). The soak's eval share is priced by it."""
+before a save due at the same step, for eval_iters forward-only iterations (a BLOOM step does a
+forward, a backward of twice that and the activation recompute: an eval iteration is a quarter of
+it). The soak's eval share is priced by it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ def test_an_eval_every_interval_and_before_a_save_at_its_step(sim_run_dir):
     cfg = bloom_config(
         data={"eval_interval": 3}, checkpoint={"adaptive_interval": "off", "interval_hours": 0.15}
     )
-    expected_seconds = plan_run(cfg).eval_seconds
+    assert cfg.parallel.activation_checkpointing
+    expected_seconds = cfg.data.eval_iters * plan_run(cfg).seconds_per_iteration / 4  # 5 x 104.67 s / 4
     with Harness(sim_run_dir, seed=1, cfg=cfg, cap_seconds=3600.0) as h:
         h.run_until(4 * 3600)
         notes, steps = list(h.world.notes), list(h.world.steps)
